@@ -1,0 +1,365 @@
+"""Vision Transformer (Dosovitskiy et al., 2021) as Flax linen modules.
+
+The parameter tree is the one of google-research/vision_transformer's linen
+``VisionTransformer``, so its checkpoints and torchvision's (through
+:mod:`vit_jax.convert`) map onto the same names::
+
+    embedding/{kernel,bias}                 patch embedding conv (P, P, 3, D)
+    cls                                     class token (1, 1, D)
+    Transformer/posembed_input/pos_embedding  (1, N + 1, D)
+    Transformer/encoderblock_{i}/LayerNorm_0, MultiHeadDotProductAttention_0/
+        {query,key,value,out}, LayerNorm_1, MlpBlock_0/{Dense_0,Dense_1}
+    Transformer/encoder_norm
+    pre_logits                              only with ``representation_size``
+    head
+
+With ``scan_layers=True`` the blocks live under ``Transformer/encoderblock``
+with a leading layer axis; :func:`vit_jax.convert.unstack_layers` and
+:func:`vit_jax.convert.stack_layers` move between the two layouts.
+
+Usage::
+
+    model = get_model("vit_b_16", num_classes=10)
+    variables = model.init(jax.random.key(0), jnp.zeros((1, 224, 224, 3)))
+    logits = model.apply(variables, images, train=False)
+
+Named intermediates are sown into the ``'intermediates'`` collection
+(``stem``, ``block00`` ..., ``encoded``, ``pre_logits``, ``logits``)::
+
+    logits, state = model.apply(variables, images, mutable=["intermediates"])
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import re
+from typing import Any, Literal, Optional, Sequence
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from vit_jax.layers import (  # noqa: F401  (re-exported building blocks)
+    AddPositionEmbs, Encoder, Encoder1DBlock, MlpBlock,
+    MultiHeadDotProductAttention)
+
+Array = Any
+Dtype = Any
+
+__all__ = [
+    "SIZES",
+    "VARIANTS",
+    "Variant",
+    "ConvStemConfig",
+    "VisionTransformer",
+    "decode_variant",
+    "get_model",
+    "count_params",
+]
+
+
+# --------------------------------------------------------------------------- #
+# Variants: one table of sizes; a name ``vit_{size}_{patch}`` decodes into it.
+# --------------------------------------------------------------------------- #
+
+
+@dataclasses.dataclass(frozen=True)
+class Variant:
+  """Architecture of one named ViT: what a name like ``vit_b_16`` means."""
+
+  hidden_size: int
+  num_layers: int
+  num_heads: int
+  mlp_dim: int
+  patch_size: int
+
+  def as_kwargs(self) -> dict:
+    return dataclasses.asdict(self)
+
+
+# width, depth, heads, mlp_dim (ViT paper Table 1; Ti and S from DeiT / AugReg).
+SIZES = {
+    "ti": (192, 12, 3, 768),
+    "s": (384, 12, 6, 1536),
+    "b": (768, 12, 12, 3072),
+    "l": (1024, 24, 16, 4096),
+    "h": (1280, 32, 16, 5120),
+}
+
+_NAME_RE = re.compile(r"^vit_(ti|s|b|l|h)_(\d+)$")
+_BV_NAME_RE = re.compile(r"^(Ti|S|B|L|H)/(\d+)$")
+
+
+def decode_variant(name: str) -> Variant:
+  """Decodes ``vit_b_16`` (torchvision style) or ``B/16`` (big_vision style)."""
+  m = _NAME_RE.match(name) or _BV_NAME_RE.match(name)
+  if m is None:
+    raise ValueError(
+        f"Unknown ViT variant {name!r}: expected 'vit_{{size}}_{{patch}}' with "
+        f"size one of {sorted(SIZES)} (e.g. 'vit_b_16'), or big_vision's "
+        f"'B/16'. Registered: {', '.join(VARIANTS)}.")
+  size, patch = m.group(1).lower(), int(m.group(2))
+  if patch <= 0:
+    raise ValueError(f"Patch size must be positive in {name!r}.")
+  width, depth, heads, mlp = SIZES[size]
+  return Variant(width, depth, heads, mlp, patch)
+
+
+# The registered variants: torchvision's five, plus Ti and S.
+VARIANTS = {
+    name: decode_variant(name)
+    for name in ("vit_ti_16", "vit_s_16", "vit_s_32", "vit_b_16", "vit_b_32",
+                 "vit_l_16", "vit_l_32", "vit_h_14")
+}
+
+
+@dataclasses.dataclass(frozen=True)
+class ConvStemConfig:
+  """One conv + BatchNorm + ReLU layer of torchvision's convolutional stem."""
+
+  out_channels: int
+  kernel_size: int
+  stride: int
+
+
+class VisionTransformer(nn.Module):
+  """Vision Transformer classifier.
+
+  Attributes:
+    num_classes: outputs of the head; 0 or None for no head (features).
+    patch_size: side of the square patches (conv kernel = stride).
+    hidden_size, num_layers, num_heads, mlp_dim: the encoder's size.
+    image_size: optional fixed input size (int or (H, W)). When ``None`` the
+      position embedding takes its size from the input given to ``init``.
+    num_channels: channels of the input images (last axis).
+    representation_size: width of an extra Dense + tanh ``pre_logits`` layer.
+    classifier: ``'token'`` (class token), ``'gap'`` (mean over patch
+      tokens, no class token) or ``'unpooled'`` (all tokens, no head).
+    dropout_rate, attention_dropout_rate: dropout probabilities.
+    drop_path_rate: stochastic depth of the last block (linear from 0).
+    dtype: compute dtype (e.g. ``jnp.bfloat16``); param_dtype: parameters'.
+    conv_stem: torchvision's convolutional stem (``ConvStemConfig`` list)
+      in place of the single patchify conv; its strides multiply to
+      ``patch_size``.
+    scan_layers: run the blocks with ``nn.scan`` (stacked parameters:
+      compile time independent of depth).
+    remat_policy: rematerialise each block in the backward pass (``'full'``,
+      ``'dots'``, ``'dots_no_batch'``, ``'nothing'``) to save memory.
+    sow_attention_weights: sow every block's attention probabilities
+      (``intermediates/.../attention_weights``, (B, heads, N, N)).
+    attention_impl: passed to ``jax.nn.dot_product_attention``
+      (``None``, ``'xla'``, ``'cudnn'``).
+  """
+
+  patch_size: int = 16
+  hidden_size: int = 768
+  num_layers: int = 12
+  num_heads: int = 12
+  mlp_dim: int = 3072
+  num_classes: Optional[int] = 1000
+  image_size: Optional[Any] = None
+  num_channels: int = 3
+  representation_size: Optional[int] = None
+  classifier: Literal["token", "gap", "unpooled"] = "token"
+  dropout_rate: float = 0.0
+  attention_dropout_rate: float = 0.0
+  drop_path_rate: float = 0.0
+  head_bias_init: float = 0.0
+  dtype: Dtype = jnp.float32
+  param_dtype: Dtype = jnp.float32
+  conv_stem: Optional[Sequence[ConvStemConfig]] = None
+  scan_layers: bool = False
+  remat_policy: Optional[str] = None
+  sow_attention_weights: bool = False
+  attention_impl: Optional[str] = None
+
+  # ----------------------------------------------------------------- checks
+  def _check_config(self):
+    if self.classifier not in ("token", "gap", "unpooled"):
+      raise ValueError(f"classifier={self.classifier!r}: expected 'token', "
+                       f"'gap' or 'unpooled'")
+    if self.hidden_size % self.num_heads:
+      raise ValueError(f"hidden_size={self.hidden_size} is not divisible by "
+                       f"num_heads={self.num_heads}")
+    if self.conv_stem:
+      stride = int(np.prod([c.stride for c in self.conv_stem]))
+      if stride != self.patch_size:
+        raise ValueError(
+            f"conv_stem strides multiply to {stride}, but patch_size is "
+            f"{self.patch_size}: they must be equal")
+
+  def _check_images(self, images):
+    shape = tuple(getattr(images, "shape", ()))
+    c = self.num_channels
+    if len(shape) != 4:
+      raise ValueError(
+          f"Expected images of shape (batch, height, width, {c}) (NHWC), got "
+          f"shape {shape}.")
+    if shape[-1] != c:
+      hint = (" It looks like NCHW (channels first, PyTorch's layout); "
+              "transpose it with images.transpose(0, 2, 3, 1)."
+              if shape[1] == c else "")
+      raise ValueError(
+          f"Expected {c} channels in the last axis of NHWC images (batch, "
+          f"height, width, {c}), got shape {shape}.{hint}")
+    h, w = shape[1], shape[2]
+    p = self.patch_size
+    if h % p or w % p:
+      raise ValueError(
+          f"Image size {h}x{w} is not divisible by the patch size {p}: "
+          f"expected height and width that are multiples of {p} (e.g. "
+          f"{max(p, h // p * p)}x{max(p, w // p * p)}).")
+    if self.image_size is not None:
+      want = _pair(self.image_size)
+      if (h, w) != want:
+        raise ValueError(
+            f"This model was built for {want[0]}x{want[1]} images, got "
+            f"{h}x{w}. Resample the position embedding "
+            f"(vit_jax.convert.resize_posemb) and set image_size to use "
+            f"another resolution.")
+    if not jnp.issubdtype(images.dtype, jnp.floating):
+      raise ValueError(
+          f"Expected float images (normalised), got dtype {images.dtype}.")
+
+  # ----------------------------------------------------------------- layers
+  def setup(self):
+    self._check_config()
+    if self.conv_stem:
+      self.stem_convs = [
+          nn.Conv(c.out_channels, (c.kernel_size,) * 2, (c.stride,) * 2,
+                  padding=[((c.kernel_size - 1) // 2,) * 2] * 2, use_bias=False,
+                  dtype=self.dtype, param_dtype=self.param_dtype)
+          for c in self.conv_stem]
+      self.stem_bns = [
+          nn.BatchNorm(momentum=0.9, epsilon=1e-5, dtype=self.dtype,
+                       param_dtype=self.param_dtype)
+          for _ in self.conv_stem]
+      kernel = (1, 1)
+    else:
+      kernel = (self.patch_size, self.patch_size)
+    self.embedding = nn.Conv(
+        self.hidden_size, kernel_size=kernel,
+        strides=(1, 1) if self.conv_stem else kernel, padding="VALID",
+        dtype=self.dtype, param_dtype=self.param_dtype)
+    if self.classifier == "token":
+      self.cls = self.param("cls", nn.initializers.zeros,
+                            (1, 1, self.hidden_size), self.param_dtype)
+    if self.num_classes and self.classifier != "unpooled":
+      if self.representation_size:
+        self.pre_logits = nn.Dense(self.representation_size, dtype=self.dtype,
+                                   param_dtype=self.param_dtype)
+      self.head = nn.Dense(
+          self.num_classes, dtype=self.dtype, param_dtype=self.param_dtype,
+          kernel_init=nn.initializers.zeros,
+          bias_init=nn.initializers.constant(self.head_bias_init))
+
+    # Attribute name = submodule name, as in vision_transformer's tree.
+    self.Transformer = Encoder(  # pylint: disable=invalid-name
+        num_layers=self.num_layers, mlp_dim=self.mlp_dim,
+        num_heads=self.num_heads,
+        num_prefix_tokens=1 if self.classifier == "token" else 0,
+        dropout_rate=self.dropout_rate,
+        attention_dropout_rate=self.attention_dropout_rate,
+        drop_path_rate=self.drop_path_rate, dtype=self.dtype,
+        param_dtype=self.param_dtype, scan_layers=self.scan_layers,
+        remat_policy=self.remat_policy,
+        sow_attention_weights=self.sow_attention_weights,
+        attention_impl=self.attention_impl)
+
+  def embed(self, images, *, train: bool = False):
+    """Images (B, H, W, C) -> patch tokens (B, N, D), class token first."""
+    self._check_images(images)
+    x = images
+    if self.conv_stem:
+      for conv, bn in zip(self.stem_convs, self.stem_bns):
+        x = nn.relu(bn(conv(x), use_running_average=not train))
+    x = self.embedding(x)
+    self.sow("intermediates", "stem", x)
+    n, h, w, c = x.shape
+    x = jnp.reshape(x, (n, h * w, c))
+    if self.classifier == "token":
+      cls = jnp.broadcast_to(self.cls.astype(x.dtype), (n, 1, c))
+      x = jnp.concatenate([cls, x], axis=1)
+    return x, (h, w)
+
+  def forward_features(self, images, *, train: bool = False):
+    """Images -> encoded tokens (B, N(+1), D) after the final LayerNorm."""
+    x, grid = self.embed(images, train=train)
+    encoded, blocks = self.Transformer(x, grid=grid, train=train)
+    for i, y in enumerate(blocks):
+      self.sow("intermediates", f"block{i:02d}", y)
+    self.sow("intermediates", "encoded", encoded)
+    return encoded
+
+  def forward_head(self, encoded, *, pre_logits: bool = False):
+    """Encoded tokens -> pooled -> (pre_logits) -> logits."""
+    if self.classifier == "token":
+      x = encoded[:, 0]
+    elif self.classifier == "gap":
+      x = jnp.mean(encoded, axis=1)
+    else:
+      return encoded
+    if self.num_classes and self.representation_size:
+      x = jnp.tanh(self.pre_logits(x))
+    self.sow("intermediates", "pre_logits", x)
+    if pre_logits or not self.num_classes:
+      return x
+    logits = self.head(x)
+    self.sow("intermediates", "logits", logits)
+    return logits
+
+  def __call__(self, images, *, train: bool = False):
+    return self.forward_head(self.forward_features(images, train=train))
+
+
+def _pair(v):
+  if isinstance(v, (tuple, list)):
+    if len(v) != 2:
+      raise ValueError(f"image_size must be an int or (height, width), got {v}")
+    return int(v[0]), int(v[1])
+  return int(v), int(v)
+
+
+# --------------------------------------------------------------------------- #
+# Public constructors.
+# --------------------------------------------------------------------------- #
+
+
+def get_model(name: str, **overrides) -> VisionTransformer:
+  """Returns the named variant (``vit_b_16``, ``B/16``...) as a linen Module.
+
+  Any :class:`VisionTransformer` field can be overridden, e.g.
+  ``get_model("vit_b_16", num_classes=10, drop_path_rate=0.1,
+  dtype=jnp.bfloat16)``.
+  """
+  kwargs = decode_variant(name).as_kwargs()
+  fields = {f.name for f in dataclasses.fields(VisionTransformer)} - {
+      "parent", "name"}
+  unknown = sorted(set(overrides) - fields)
+  if unknown:
+    raise TypeError(f"get_model({name!r}): unknown option(s) {unknown}; "
+                    f"valid options are {sorted(fields)}")
+  kwargs.update(overrides)
+  if kwargs.get("conv_stem") is not None:
+    kwargs["conv_stem"] = tuple(
+        c if isinstance(c, ConvStemConfig) else ConvStemConfig(*c)
+        for c in kwargs["conv_stem"])
+  return VisionTransformer(**kwargs)
+
+
+def count_params(tree) -> int:
+  """Number of scalars in a parameter tree (or ``{'params': ...}``)."""
+  if isinstance(tree, dict) and "params" in tree:
+    tree = tree["params"]
+  return int(sum(np.prod(np.shape(x)) for x in jax.tree_util.tree_leaves(tree)))
+
+
+def init_params(model: VisionTransformer, image_size: int = 224, seed: int = 0):
+  """Initialises ``model`` for square ``image_size`` inputs (shapes only are
+  traced, so this is cheap for the large variants under ``jax.jit``)."""
+  size = _pair(model.image_size or image_size)
+  x = jnp.zeros((1, *size, model.num_channels), jnp.float32)
+  return jax.jit(functools.partial(model.init, train=False))(
+      jax.random.key(seed), x)
