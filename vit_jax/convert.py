@@ -74,12 +74,17 @@ def _cubic_weights(t: np.ndarray, a: float = -0.75) -> np.ndarray:
   return np.stack([far(t + 1), near(t), near(1 - t), far(2 - t)], axis=-1)
 
 
-def _bicubic_matrix(n_in: int, n_out: int) -> np.ndarray:
-  """(n_out, n_in) matrix of bicubic interpolation with align_corners=True."""
-  scale = (n_in - 1) / (n_out - 1) if n_out > 1 else 0.0
-  src = np.arange(n_out, dtype=np.float64) * scale
+def _bicubic_matrix(n_in: int, n_out: int, dtype=np.float32) -> np.ndarray:
+  """(n_out, n_in) matrix of bicubic interpolation with align_corners=True.
+
+  Source coordinates and tap weights are computed in ``dtype``, as PyTorch
+  does for inputs of that dtype; the result is accumulated in float64.
+  """
+  f = np.dtype(dtype).type if np.dtype(dtype) == np.float64 else np.float32
+  scale = f(n_in - 1) / f(n_out - 1) if n_out > 1 else f(0)
+  src = np.arange(n_out, dtype=f) * scale
   base = np.floor(src).astype(np.int64)
-  weights = _cubic_weights(src - base)
+  weights = _cubic_weights(src - base.astype(f)).astype(np.float64)
   mat = np.zeros((n_out, n_in), np.float64)
   for tap in range(4):
     # Out-of-range taps read the border pixel, as PyTorch clamps indices.
@@ -119,8 +124,8 @@ def resample_posemb(posemb, new_grid, *, num_prefix_tokens: int = 1,
     return posemb
   d = grid.shape[-1]
   img = grid.reshape(gh, gw, d).astype(np.float64)
-  img = np.einsum("Hh,hwd->Hwd", _bicubic_matrix(gh, nh), img)
-  img = np.einsum("Ww,hwd->hWd", _bicubic_matrix(gw, nw), img)
+  img = np.einsum("Hh,hwd->Hwd", _bicubic_matrix(gh, nh, posemb.dtype), img)
+  img = np.einsum("Ww,hwd->hWd", _bicubic_matrix(gw, nw, posemb.dtype), img)
   img = img.reshape(1, nh * nw, d).astype(posemb.dtype)
   return np.concatenate([prefix, img], axis=1)
 
@@ -314,14 +319,26 @@ def _split_heads(w, h):
   return w.T.reshape(d_in, h, d_out // h)
 
 
-def torchvision_to_params(state_dict, name: str):
+_ARCH_FIELDS = ("hidden_size", "num_layers", "num_heads", "mlp_dim", "patch_size")
+
+
+def _variant(name, overrides=None) -> models.Variant:
+  """A name (or Variant) plus architecture overrides (e.g. num_layers)."""
+  v = name if isinstance(name, models.Variant) else models.decode_variant(name)
+  arch = {k: overrides[k] for k in _ARCH_FIELDS if overrides and k in overrides}
+  return dataclasses.replace(v, **arch)
+
+
+def torchvision_to_params(state_dict, name):
   """Maps a torchvision ViT state dict onto the Flax tree.
 
-  Returns ``(variables, info)`` where ``variables`` holds ``params`` (and
-  ``batch_stats`` for a conv stem) and ``info`` is a dict of the inferred
-  ``num_classes``, ``representation_size``, ``conv_stem`` and ``image_size``.
+  ``name`` is a variant name or a :class:`~vit_jax.models.Variant` (for
+  custom sizes). Returns ``(variables, info)`` where ``variables`` holds
+  ``params`` (and ``batch_stats`` for a conv stem) and ``info`` is a dict of
+  the inferred ``num_classes``, ``representation_size``, ``conv_stem`` and
+  ``image_size``.
   """
-  v = models.decode_variant(name)
+  v = _variant(name)
   sd = _normalise_state_dict(state_dict)
   h, d = v.num_heads, v.hidden_size
 
@@ -334,7 +351,7 @@ def torchvision_to_params(state_dict, name: str):
   pos_rows = int(pos.shape[1]) if pos is not None and pos.ndim == 3 else 197
   strides = _infer_stem_strides(stem, v.patch_size)
   _check_keys(sd, _expected_shapes(v, num_classes, rep, stem, strides, pos_rows),
-              name)
+              name if isinstance(name, str) else str(v))
   grid = _grid_of(pos_rows - 1, "encoder.pos_embedding")
 
   def dense(prefix):
@@ -437,13 +454,14 @@ def from_torchvision(state_dict, name: str, *, image_size=None,
       resampled from the checkpoint's grid exactly as torchvision's
       ``interpolate_embeddings`` does. ``None`` keeps the checkpoint's.
     **model_overrides: other :class:`~vit_jax.models.VisionTransformer`
-      fields (dtype, dropout_rate, scan_layers, ...).
+      fields (dtype, dropout_rate, scan_layers, ...); architecture fields
+      (num_layers, hidden_size, ...) describe a custom-size checkpoint.
 
   ``num_classes``, ``representation_size`` and a conv stem are read from the
   weights. Missing, unexpected and mis-shaped keys are reported together.
   """
-  variables, info = torchvision_to_params(state_dict, name)
-  v = models.decode_variant(name)
+  v = _variant(name, model_overrides)
+  variables, info = torchvision_to_params(state_dict, v)
   if image_size is not None:
     variables = resize_posemb(variables, image_size, v.patch_size)
   kwargs = dict(num_classes=info["num_classes"],
@@ -541,13 +559,13 @@ def to_torchvision(variables) -> "collections.OrderedDict":
       params_to_torchvision(variables).items())
 
 
-def to_torchvision_model(variables, name: str):
+def to_torchvision_model(variables, name, **arch_overrides):
   """Builds the matching torchvision ``VisionTransformer`` and loads
   ``variables`` into it with ``strict=True``."""
   import torchvision  # pylint: disable=import-outside-toplevel
   from torchvision.models.vision_transformer import ConvStemConfig
 
-  v = models.decode_variant(name)
+  v = _variant(name, arch_overrides)
   sd = to_torchvision(variables)
   rows = sd["encoder.pos_embedding"].shape[1] - 1
   grid = _grid_of(rows, "encoder.pos_embedding")

@@ -248,8 +248,14 @@ class VisionTransformer(nn.Module):
                             (1, 1, self.hidden_size), self.param_dtype)
     if self.num_classes and self.classifier != "unpooled":
       if self.representation_size:
-        self.pre_logits = nn.Dense(self.representation_size, dtype=self.dtype,
-                                   param_dtype=self.param_dtype)
+        # A Dense layer's {kernel, bias} declared as one parameter, so that
+        # the 'pre_logits' intermediate can be sown under the same name.
+        d, r = self.hidden_size, self.representation_size
+        self.pre_logits_params = self.param(
+            "pre_logits", lambda key: {
+                "kernel": nn.initializers.lecun_normal()(key, (d, r),
+                                                         self.param_dtype),
+                "bias": jnp.zeros((r,), self.param_dtype)})
       self.head = nn.Dense(
           self.num_classes, dtype=self.dtype, param_dtype=self.param_dtype,
           kernel_init=nn.initializers.zeros,
@@ -302,7 +308,10 @@ class VisionTransformer(nn.Module):
     else:
       return encoded
     if self.num_classes and self.representation_size:
-      x = jnp.tanh(self.pre_logits(x))
+      p = self.pre_logits_params
+      x, kernel, bias = nn.dtypes.promote_dtype(x, p["kernel"], p["bias"],
+                                                dtype=self.dtype)
+      x = jnp.tanh(x @ kernel + bias)
     self.sow("intermediates", "pre_logits", x)
     if pre_logits or not self.num_classes:
       return x

@@ -1,0 +1,53 @@
+"""Shared helpers for tests that compare against torchvision."""
+
+import numpy as np
+import torch
+import torchvision
+
+from vit_jax import models
+
+# Sizes torchvision has no builder for (Ti, S) are built from its class.
+def torchvision_vit(name: str, *, seed: int = 0, num_classes: int = 1000,
+                    image_size: int = 224, representation_size=None,
+                    random_head: bool = True, **kwargs) -> torch.nn.Module:
+  """A torchvision VisionTransformer with random weights (``manual_seed``).
+
+  torchvision zero-initialises the head; ``random_head`` gives it random
+  values so the logits are not all zero.
+  """
+  v = models.decode_variant(name)
+  torch.manual_seed(seed)
+  m = torchvision.models.VisionTransformer(
+      image_size=image_size, patch_size=v.patch_size, num_layers=v.num_layers,
+      num_heads=v.num_heads, hidden_dim=v.hidden_size, mlp_dim=v.mlp_dim,
+      num_classes=num_classes, representation_size=representation_size,
+      **kwargs)
+  if random_head:
+    with torch.no_grad():
+      torch.nn.init.normal_(m.heads.head.weight, std=0.5)
+      torch.nn.init.normal_(m.heads.head.bias, std=0.5)
+      if representation_size:
+        torch.nn.init.normal_(m.heads.pre_logits.weight, std=0.05)
+  return m.eval()
+
+
+def images(batch: int, size: int, seed: int = 0) -> np.ndarray:
+  """Normalised-looking random images, NCHW float32."""
+  rng = np.random.default_rng(seed)
+  return rng.standard_normal((batch, 3, size, size)).astype(np.float32)
+
+
+def nhwc(x: np.ndarray) -> np.ndarray:
+  return np.ascontiguousarray(x.transpose(0, 2, 3, 1))
+
+
+def assert_close_rel(ours, ref, rel: float = 1e-4, what: str = "logits"):
+  """max |ours - ref| <= rel * max |ref| (tolerance relative to the scale)."""
+  ours, ref = np.asarray(ours, np.float64), np.asarray(ref, np.float64)
+  assert ours.shape == ref.shape, (ours.shape, ref.shape)
+  scale = np.abs(ref).max()
+  err = np.abs(ours - ref).max()
+  assert scale > 0, f"{what}: reference is all zeros; the test would prove nothing"
+  assert err <= rel * scale, (
+      f"{what}: max abs diff {err:.3g} > {rel:g} x scale {scale:.3g}")
+  return err, scale
