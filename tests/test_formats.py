@@ -1,9 +1,6 @@
 """timm state dicts, Google .npz (vision_transformer and big_vision) and
 safetensors: parity with timm's own model and loader on random weights."""
 
-import collections
-import json
-import os
 
 import jax
 import jax.numpy as jnp
@@ -14,7 +11,7 @@ import torch
 timm = pytest.importorskip("timm")
 from timm.models.vision_transformer import _load_weights as timm_load_npz  # noqa: E402
 
-from vit_jax import convert, formats, formats_io, models  # noqa: E402
+from vit_jax import formats, formats_arch, formats_io, models  # noqa: E402
 
 SIZE = 64  # 4x4 patch grid for /16: small, and the grid is not trivial
 DEPTH = 3  # blocks of the small models (the headline test uses all 12)
@@ -79,7 +76,7 @@ def apply(model, variables, x):
 
 
 def tree_equal(a, b):
-  fa, fb = formats._flatten(dict(a)), formats._flatten(dict(b))  # pylint: disable=protected-access
+  fa, fb = formats_arch.flatten(dict(a)), formats_arch.flatten(dict(b))
   assert sorted(fa) == sorted(fb)
   for k in fa:
     assert np.asarray(fa[k]).dtype == np.asarray(fb[k]).dtype, k

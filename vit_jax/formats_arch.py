@@ -196,3 +196,93 @@ def check_variables(model: models.VisionTransformer, variables, image_size):
         lines.append(f"  {title} ({len(items)}): " + ", ".join(items[:12]) +
                      (f" ... and {len(items) - 12} more" if len(items) > 12 else ""))
     raise ValueError("\n".join(lines))
+
+
+# --------------------------------------------------------------------------- #
+# Helpers shared by the formats.
+# --------------------------------------------------------------------------- #
+
+F32 = lambda x: np.ascontiguousarray(np.asarray(x, dtype=np.float32))  # noqa: E731
+
+
+def to_numpy(x) -> np.ndarray:
+  """torch tensor / jax array / numpy -> numpy (float16/bfloat16 -> float32)."""
+  if hasattr(x, "detach"):  # torch.Tensor, without importing torch
+    x = x.detach().cpu()
+    if str(x.dtype) in ("torch.bfloat16", "torch.float16"):
+      x = x.float()
+    return x.numpy()
+  x = np.asarray(x)
+  if x.dtype.kind == "V" and x.dtype.itemsize == 2:  # bfloat16 saved by numpy
+    import ml_dtypes  # pylint: disable=import-outside-toplevel
+    x = x.view(ml_dtypes.bfloat16)
+  if x.dtype != np.float32 and x.dtype.kind in "fV":
+    x = x.astype(np.float32)
+  return x
+
+
+def unflatten(flat: Mapping[str, Any], sep: str = "/") -> dict:
+  tree: dict = {}
+  for key, value in flat.items():
+    node = tree
+    parts = key.split(sep)
+    for p in parts[:-1]:
+      node = node.setdefault(p, {})
+      if not isinstance(node, dict):
+        raise ValueError(f"Key {key!r} nests under a leaf")
+    node[parts[-1]] = value
+  return tree
+
+
+def flatten(tree: Mapping[str, Any], prefix: str = "", sep: str = "/") -> dict:
+  out = {}
+  for k, v in tree.items():
+    if isinstance(v, Mapping):
+      out.update(flatten(v, f"{prefix}{k}{sep}", sep))
+    else:
+      out[f"{prefix}{k}"] = v
+  return out
+
+
+def check_flat(sd, expected, what):
+  """Reports missing, unexpected and mis-shaped keys by name, all at once."""
+  missing = [k for k in expected if k not in sd]
+  unexpected = [k for k in sd if k not in expected]
+  misshaped = [f"{k}: expected {tuple(expected[k])}, got {tuple(sd[k].shape)}"
+               for k in expected
+               if k in sd and tuple(sd[k].shape) != tuple(expected[k])]
+  if missing or unexpected or misshaped:
+    lines = [f"Weights do not match {what}:"]
+    for title, items in (("missing keys", missing),
+                         ("unexpected keys", unexpected),
+                         ("mis-shaped keys", misshaped)):
+      if items:
+        lines.append(f"  {title} ({len(items)}):")
+        lines += [f"    {s}" for s in items[:20]]
+        if len(items) > 20:
+          lines.append(f"    ... and {len(items) - 20} more")
+    raise ValueError("\n".join(lines))
+
+
+def finish(variables, arch, name, image_size, overrides):
+  if name is not None:
+    check_name(arch, name)
+  if image_size is not None:
+    variables = convert.resize_posemb(variables, image_size, arch["patch_size"])
+  model = build_model(arch, **overrides)
+  check_variables(model, variables, image_size or arch["image_size"])
+  if model.scan_layers:
+    variables = convert.stack_layers(variables)
+  return model, variables
+
+
+def check_name(arch, name):
+  v = variant_from_name(name)
+  want = dict(hidden_size=v.hidden_size, num_layers=v.num_layers,
+              num_heads=v.num_heads, mlp_dim=v.mlp_dim, patch_size=v.patch_size)
+  diff = [f"{k} {arch[k]} (expected {want[k]})" for k in want
+          if arch.get(k) != want[k]]
+  if diff:
+    raise ValueError(
+        f"The checkpoint is not a {name}: it has {', '.join(diff)}. It looks "
+        f"like {describe_arch(arch)}; pass that variant instead.")

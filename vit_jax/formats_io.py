@@ -20,8 +20,8 @@ import numpy as np
 
 from vit_jax import convert, formats, models
 from vit_jax.formats_arch import (arch_from_json, arch_of, arch_to_json,
-                                  build_model, check_variables, describe_arch,
-                                  variant_from_name)
+                                  check_name, describe_arch, finish, flatten,
+                                  num_heads_for, unflatten, variant_from_name)
 
 __all__ = ["save_safetensors", "load_safetensors", "read_safetensors",
            "from_state_dict", "state_dict_layout", "torchvision_arch"]
@@ -63,7 +63,7 @@ def save_safetensors(variables, path: str, *, model=None,
           else arch_of(variables))
   if layout == "vit_jax":
     tensors = {k: np.ascontiguousarray(np.asarray(v)) for k, v in
-               formats._flatten(variables).items()}  # pylint: disable=protected-access
+               flatten(variables).items()}
   elif layout == "timm":
     tensors = dict(formats.params_to_timm(variables))
   elif layout == "torchvision":
@@ -112,21 +112,17 @@ def load_safetensors(path: str, name: Optional[str] = None, *,
   meta = _decode_meta(raw_meta)
   if meta.get(FORMAT_KEY) == VIT_JAX_FORMAT or any(
       k.startswith("params/") for k in arrays):
-    variables = formats._unflatten(arrays)  # pylint: disable=protected-access
+    variables = unflatten(arrays)
     if "arch" in meta:
       arch = arch_from_json(meta["arch"])
     else:
       arch = arch_of(variables)
-    model, variables = _finish(variables, arch, name, image_size,
+    model, variables = finish(variables, arch, name, image_size,
                                model_overrides)
     return model, variables, meta
   model, variables = from_state_dict(arrays, name, image_size=image_size,
                                      num_heads=num_heads, **model_overrides)
   return model, variables, meta
-
-
-def _finish(variables, arch, name, image_size, overrides):
-  return formats._finish(variables, arch, name, image_size, overrides)  # pylint: disable=protected-access
 
 
 def state_dict_layout(keys) -> str:
@@ -163,7 +159,7 @@ def torchvision_arch(state_dict) -> dict:
   return dict(hidden_size=d, num_layers=depth,
               mlp_dim=int(np.shape(mlp)[0]) if mlp is not None else None,
               patch_size=int(np.shape(w)[-1]),
-              num_heads=formats.num_heads_for(d))
+              num_heads=num_heads_for(d))
 
 
 def from_state_dict(state_dict, name: Optional[str] = None, *,
@@ -193,7 +189,7 @@ def from_state_dict(state_dict, name: Optional[str] = None, *,
     if name is None:
       name = f"vit_{_size_letter(have)}_{have['patch_size']}"
     elif have is not None:
-      formats._check_name(have, name)  # pylint: disable=protected-access
+      check_name(have, name)
     v = variant_from_name(name)  # timm / big_vision names -> ours
     size = _size_letter(dict(hidden_size=v.hidden_size, num_layers=v.num_layers,
                              mlp_dim=v.mlp_dim))
