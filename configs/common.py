@@ -1,0 +1,102 @@
+"""The base training config every recipe starts from.
+
+A recipe (``configs/b16.py``, ``configs/digits.py``...) calls
+:func:`get_config`, overrides a few fields and returns the config; ``train.py``
+locks it, so ``--config.some_feild=1`` (a typo) is an error. Time-like
+settings are in steps. Overriding ``total_steps`` alone gives a working short
+run: the warmup is clamped to the run (``vit_jax.optim.warmup_steps``), the last
+step always logs, evaluates and checkpoints.
+"""
+
+from __future__ import annotations
+
+import ml_collections
+from ml_collections import config_dict
+
+IMAGENET_MEAN = (0.485, 0.456, 0.406)
+IMAGENET_STD = (0.229, 0.224, 0.225)
+
+
+def get_config() -> ml_collections.ConfigDict:
+  c = ml_collections.ConfigDict()
+  c.seed = 0
+
+  # ---------------------------------------------------------------- data
+  # A TFDS name ('cifar10', 'imagenet2012', 'digits'...), 'folder:/path' or
+  # an existing directory laid out as <dir>/<split>/<label>/<image>.
+  c.dataset = "digits"
+  c.data_dir = config_dict.placeholder(str)  # None: TFDS's default
+  c.download = True  # download a missing dataset (fails fast offline)
+  c.train_split = "train"
+  c.eval_split = "test"
+  c.image_size = 224
+  c.shuffle_buffer = 50_000
+  c.cache = False  # keep the (encoded) examples in memory after one pass
+  c.prefetch = 2
+
+  c.pp = ml_collections.ConfigDict()
+  c.pp.crop = "inception"  # 'inception' | 'random_crop' | 'resize'
+  c.pp.crop_scale = (0.08, 1.0)  # inception crop: area range
+  c.pp.crop_ratio = (3 / 4, 4 / 3)  # inception crop: aspect ratio range
+  c.pp.crop_padding = 4  # random_crop: resize, zero-pad this much, crop
+  c.pp.flip = True
+  c.pp.eval_crop_fraction = 0.875  # eval: resize to size/fraction, crop size
+  c.pp.randaugment_layers = 0  # 0 = off; e.g. 2
+  c.pp.randaugment_magnitude = 10  # 0..30
+  c.pp.mixup_alpha = 0.0  # 0 = off; e.g. 0.2
+  # Normalisation in [0, 1] pixel units; None: the initial weights' own
+  # (ImageNet statistics for torchvision weights), else 0.5 / 0.5.
+  c.pp.mean = config_dict.placeholder(tuple)
+  c.pp.std = config_dict.placeholder(tuple)
+
+  # ---------------------------------------------------------------- model
+  c.model_name = "vit_b_16"  # vit_{ti,s,b,l,h}_{patch}
+  c.model = ml_collections.ConfigDict()
+  c.model.dtype = "float32"  # compute dtype; 'bfloat16' for mixed precision
+  c.model.dropout_rate = 0.0
+  c.model.attention_dropout_rate = 0.0
+  c.model.drop_path_rate = 0.0
+  c.model.classifier = "token"
+  c.model.representation_size = config_dict.placeholder(int)
+  c.model.scan_layers = False
+  c.model.remat_policy = ""  # '', 'full', 'dots', 'dots_no_batch', 'nothing'
+  c.model.head_bias_init = 0.0
+
+  # Initial weights: '' = from scratch; a torchvision weights name
+  # ('IMAGENET1K_V1') or a local .pth state dict (same architecture).
+  c.init_weights = ""
+  c.reset_head = True  # fresh zero head for fine-tuning (always if classes differ)
+
+  # ---------------------------------------------------------------- optim
+  c.optimizer = "adamw"  # 'adamw' | 'sgd' (momentum)
+  c.learning_rate = 1e-3
+  c.schedule = "cosine"  # 'cosine' | 'linear' | 'constant' (after warmup)
+  c.warmup_steps = 500
+  c.end_learning_rate_factor = 0.0  # final lr = factor * learning_rate
+  c.total_steps = 10_000
+  c.weight_decay = 0.0  # decoupled; applied to kernels only
+  c.momentum = 0.9  # sgd
+  c.nesterov = False  # sgd
+  c.b1 = 0.9  # adamw
+  c.b2 = 0.999  # adamw
+  c.grad_clip_norm = 1.0  # 0 = no clipping
+  c.label_smoothing = 0.0
+  c.batch_size = 512  # global, per optimizer step
+  c.grad_accum_steps = 1  # micro-batches per step (batch_size / this each)
+  c.eval_batch_size = 512  # global
+
+  # ---------------------------------------------------------------- mesh
+  # Size of the 'fsdp' mesh axis: parameters and optimizer state are sharded
+  # over it (1 = pure data parallel, -1 = all devices).
+  c.fsdp = 1
+
+  # ---------------------------------------------------------------- logging
+  c.log_every = 50
+  c.eval_every = 1000
+  c.checkpoint_every = 1000
+  c.keep_checkpoints = 3
+  c.async_checkpointing = True
+  c.write_plots = True
+  c.tensorboard = True
+  return c
+
