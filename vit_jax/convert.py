@@ -176,7 +176,9 @@ def _np(x) -> np.ndarray:
     x = x.detach().cpu()
     if str(x.dtype) in ("torch.bfloat16", "torch.float16"):
       x = x.float()
-    return x.numpy()
+    # A copy: .numpy() shares the tensor's memory, and the converted
+    # variables must not change when the torch model trains on.
+    return x.numpy().copy()
   return np.asarray(x)
 
 
@@ -329,11 +331,13 @@ def _variant(name, overrides=None) -> models.Variant:
   return dataclasses.replace(v, **arch)
 
 
-def torchvision_to_params(state_dict, name):
+def torchvision_to_params(state_dict, name, conv_stem=None):
   """Maps a torchvision ViT state dict onto the Flax tree.
 
   ``name`` is a variant name or a :class:`~vit_jax.models.Variant` (for
-  custom sizes). Returns ``(variables, info)`` where ``variables`` holds
+  custom sizes). ``conv_stem`` gives a conv stem's strides, which a state
+  dict does not store (default: 2 until they reach the patch size, then 1);
+  its channels and kernels must match the weights. Returns ``(variables, info)`` where ``variables`` holds
   ``params`` (and ``batch_stats`` for a conv stem) and ``info`` is a dict of
   the inferred ``num_classes``, ``representation_size``, ``conv_stem`` and
   ``image_size``.
@@ -349,7 +353,7 @@ def torchvision_to_params(state_dict, name):
   stem = _conv_stem_from_keys(sd)
   pos = sd.get("encoder.pos_embedding")
   pos_rows = int(pos.shape[1]) if pos is not None and pos.ndim == 3 else 197
-  strides = _infer_stem_strides(stem, v.patch_size)
+  strides = _stem_strides(stem, v.patch_size, conv_stem)
   _check_keys(sd, _expected_shapes(v, num_classes, rep, stem, strides, pos_rows),
               name if isinstance(name, str) else str(v))
   grid = _grid_of(pos_rows - 1, "encoder.pos_embedding")
@@ -418,6 +422,21 @@ def torchvision_to_params(state_dict, name):
   return variables, info
 
 
+def _stem_strides(stem, patch_size, conv_stem=None) -> Tuple[int, ...]:
+  """The stem's strides: ``conv_stem``'s (checked against the weights'
+  (out_channels, kernel_size) pairs), else inferred."""
+  if conv_stem is None:
+    return _infer_stem_strides(stem, patch_size)
+  given = [c if isinstance(c, models.ConvStemConfig) else
+           models.ConvStemConfig(*c) for c in conv_stem]
+  pairs = [(c.out_channels, c.kernel_size) for c in given]
+  if pairs != [tuple(p) for p in stem]:
+    raise ValueError(
+        f"conv_stem (out_channels, kernel_size) per layer {pairs} does not "
+        f"match the state dict's stem {[tuple(p) for p in stem]}.")
+  return tuple(c.stride for c in given)
+
+
 def _infer_stem_strides(stem, patch_size) -> Tuple[int, ...]:
   """Strides are not stored in a state dict: torchvision's published conv
   stems halve the resolution per layer, so the strides are 2 until they
@@ -430,9 +449,9 @@ def _infer_stem_strides(stem, patch_size) -> Tuple[int, ...]:
   if stem and total != patch_size:
     raise ValueError(
         f"Cannot infer conv-stem strides: {len(stem)} stride-2 layers give "
-        f"{total}, not the patch size {patch_size}. Build the model with "
-        f"models.get_model(..., conv_stem=...) and map the weights with "
-        f"torchvision_to_params.")
+        f"{total}, not the patch size {patch_size}. Pass the stem with its "
+        f"strides: conv_stem=[ConvStemConfig(out_channels, kernel_size, "
+        f"stride), ...].")
   return tuple(strides)
 
 
@@ -461,7 +480,8 @@ def from_torchvision(state_dict, name: str, *, image_size=None,
   weights. Missing, unexpected and mis-shaped keys are reported together.
   """
   v = _variant(name, model_overrides)
-  variables, info = torchvision_to_params(state_dict, v)
+  variables, info = torchvision_to_params(
+      state_dict, v, conv_stem=model_overrides.get("conv_stem"))
   if image_size is not None:
     variables = resize_posemb(variables, image_size, v.patch_size)
   kwargs = dict(num_classes=info["num_classes"],
@@ -559,9 +579,10 @@ def to_torchvision(variables) -> "collections.OrderedDict":
       params_to_torchvision(variables).items())
 
 
-def to_torchvision_model(variables, name, **arch_overrides):
+def to_torchvision_model(variables, name, conv_stem=None, **arch_overrides):
   """Builds the matching torchvision ``VisionTransformer`` and loads
-  ``variables`` into it with ``strict=True``."""
+  ``variables`` into it with ``strict=True``. A conv stem's strides are
+  ``conv_stem``'s (e.g. ``model.conv_stem``), else inferred as on load."""
   import torchvision  # pylint: disable=import-outside-toplevel
   from torchvision.models.vision_transformer import ConvStemConfig
 
@@ -578,7 +599,7 @@ def to_torchvision_model(variables, name, **arch_overrides):
     kwargs["representation_size"] = sd["heads.pre_logits.weight"].shape[0]
   stem = _conv_stem_from_keys(sd)
   if stem:
-    strides = _infer_stem_strides(stem, v.patch_size)
+    strides = _stem_strides(stem, v.patch_size, conv_stem)
     kwargs["conv_stem_configs"] = [ConvStemConfig(c, k, s)
                                    for (c, k), s in zip(stem, strides)]
   model = torchvision.models.VisionTransformer(**kwargs)
