@@ -211,7 +211,7 @@ def to_numpy(x) -> np.ndarray:
     x = x.detach().cpu()
     if str(x.dtype) in ("torch.bfloat16", "torch.float16"):
       x = x.float()
-    return x.numpy()
+    return x.numpy().copy()  # .numpy() would share the tensor's memory
   x = np.asarray(x)
   if x.dtype.kind == "V" and x.dtype.itemsize == 2:  # bfloat16 saved by numpy
     import ml_dtypes  # pylint: disable=import-outside-toplevel
