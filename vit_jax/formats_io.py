@@ -118,8 +118,10 @@ def load_safetensors(path: str, name: Optional[str] = None, *,
     else:
       arch = arch_of(variables)
     model, variables = finish(variables, arch, name, image_size,
-                               model_overrides)
+                              model_overrides)
+    meta.setdefault("layout", "vit_jax")
     return model, variables, meta
+  meta.setdefault("layout", state_dict_layout(list(arrays)))
   model, variables = from_state_dict(arrays, name, image_size=image_size,
                                      num_heads=num_heads, **model_overrides)
   return model, variables, meta
@@ -156,7 +158,12 @@ def torchvision_arch(state_dict) -> dict:
   mlp = get("encoder.layers.encoder_layer_0.mlp.0.weight")
   if mlp is None:
     mlp = get("encoder.layers.encoder_layer_0.mlp.linear_1.weight")
-  return dict(hidden_size=d, num_layers=depth,
+  head = get("heads.head.weight")
+  pos = get("encoder.pos_embedding")
+  side = int(round(np.sqrt(np.shape(pos)[1] - 1))) if pos is not None else 0
+  return dict(num_classes=int(np.shape(head)[0]) if head is not None else 0,
+              image_size=side * int(np.shape(w)[-1]) or None,
+              hidden_size=d, num_layers=depth,
               mlp_dim=int(np.shape(mlp)[0]) if mlp is not None else None,
               patch_size=int(np.shape(w)[-1]),
               num_heads=num_heads_for(d))

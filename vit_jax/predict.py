@@ -1,0 +1,177 @@
+r"""Top-k predictions for image files.
+
+    python -m vit_jax.predict --checkpoint /tmp/digits IMAGE.png ...
+    python -m vit_jax.predict --checkpoint vit_b_16.pth --model vit_b_16 cat.jpg
+    python -m vit_jax.predict --checkpoint augreg_Ti_16.npz photos/
+
+``--checkpoint`` is anything :func:`vit_jax.inference.load` reads (a training
+workdir, a torchvision/timm ``.pth``, a Google ``.npz``, a ``.safetensors``
+file); it can be repeated. Images are decoded (JPEG, PNG, ...), prepared the
+way the weights expect, run in batches, and the top-k labels are printed with
+their probabilities. A missing or unreadable image, or a checkpoint that
+cannot be used, is reported on stderr with the reason, and the remaining
+files are still processed; the exit status is 1 if anything failed.
+
+From Python::
+
+    from vit_jax import predict
+    for p in predict.predict("/tmp/digits", ["a.png", "b.png"]):
+      print(p.path, p.error or p.top[0])
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import os
+import sys
+from typing import List, Optional, Sequence, Tuple, Union
+
+import numpy as np
+
+from vit_jax import inference
+
+
+@dataclasses.dataclass
+class Prediction:
+  """The result for one image: ``top`` is [(class index, label, probability)]
+  best first, or ``error`` says why there is none."""
+
+  path: str
+  top: List[Tuple[int, str, float]] = dataclasses.field(default_factory=list)
+  error: Optional[str] = None
+
+  def as_dict(self) -> dict:
+    if self.error is not None:
+      return {"image": self.path, "error": self.error}
+    return {"image": self.path, "top": [
+        {"index": i, "label": name, "probability": p} for i, name, p in self.top]}
+
+
+ImageLike = Union[str, os.PathLike, np.ndarray]
+
+
+def predict(checkpoint: Union[str, inference.Loaded],
+            images: Sequence[ImageLike], *, top_k: int = 5,
+            batch_size: int = 32, model_name: Optional[str] = None,
+            image_size: Optional[int] = None,
+            label_file: Optional[str] = None) -> List[Prediction]:
+  """Top-``top_k`` predictions for each image, in order.
+
+  Args:
+    checkpoint: a path :func:`vit_jax.inference.load` accepts, or an already
+      loaded :class:`~vit_jax.inference.Loaded`.
+    images: file paths, or decoded uint8 (H, W, 3) arrays.
+    top_k: how many classes to report (at most the number of classes).
+    batch_size: images per forward pass.
+    model_name, image_size, label_file: passed to
+      :func:`vit_jax.inference.load`.
+
+  Returns:
+    One :class:`Prediction` per image; images that cannot be read carry
+    ``error`` instead of ``top``. A checkpoint that cannot be loaded raises
+    :class:`vit_jax.inference.CheckpointError`.
+  """
+  if top_k < 1:
+    raise ValueError(f"top_k={top_k}: expected >= 1")
+  if batch_size < 1:
+    raise ValueError(f"batch_size={batch_size}: expected >= 1")
+  loaded = (checkpoint if isinstance(checkpoint, inference.Loaded) else
+            inference.load(checkpoint, model_name=model_name,
+                           image_size=image_size, label_file=label_file))
+  if not loaded.num_classes:
+    raise inference.CheckpointError(
+        f"{loaded.description}: the model has no classification head, so "
+        f"there is nothing to predict.")
+  results, arrays, where = [], [], []
+  for i, item in enumerate(images):
+    name = (f"<array {i}>" if isinstance(item, np.ndarray) else os.fspath(item))
+    results.append(Prediction(name))
+    try:
+      raw = (np.asarray(item) if isinstance(item, np.ndarray) else
+             inference.read_image(name))
+      if raw.ndim != 3 or raw.shape[-1] != 3:
+        raise inference.ImageError(f"{name}: expected an (H, W, 3) RGB image, "
+                                   f"got shape {raw.shape}")
+      arrays.append(loaded.preprocess(raw))
+      where.append(i)
+    except inference.ImageError as e:
+      results[i].error = str(e)
+  if arrays:
+    fn = inference.make_probabilities_fn(loaded.model)
+    probs = inference.run_batches(fn, loaded.variables, np.stack(arrays),
+                                  batch_size)
+    k = min(top_k, probs.shape[-1])
+    for i, p in zip(where, probs):
+      best = np.argsort(-p, kind="stable")[:k]
+      results[i].top = [(int(c), loaded.label(int(c)), float(p[c])) for c in best]
+  return results
+
+
+def format_prediction(p: Prediction) -> str:
+  lines = [p.path]
+  for rank, (index, label, prob) in enumerate(p.top, 1):
+    lines.append(f"  {rank}. {100 * prob:6.2f}%  {label} ({index})")
+  return "\n".join(lines)
+
+
+def _parser() -> argparse.ArgumentParser:
+  ap = argparse.ArgumentParser(
+      prog="python -m vit_jax.predict",
+      description="Top-k predictions of a ViT checkpoint for image files.")
+  ap.add_argument("images", nargs="+", metavar="IMAGE",
+                  help="image files (JPEG, PNG, ...) or directories of them")
+  ap.add_argument("--checkpoint", action="append", required=True,
+                  help=f"{inference.SUPPORTED}; may be repeated")
+  ap.add_argument("--model", default=None,
+                  help="variant (vit_b_16, B/16, vit_base_patch16_224) when "
+                       "the weights cannot tell; checked when given")
+  ap.add_argument("--top_k", type=int, default=5)
+  ap.add_argument("--batch_size", type=int, default=32)
+  ap.add_argument("--image_size", type=int, default=None,
+                  help="run at this resolution (position embedding resampled)")
+  ap.add_argument("--labels", default=None,
+                  help="class names, one per line (or a JSON list)")
+  ap.add_argument("--json", action="store_true",
+                  help="one JSON object per image on stdout")
+  return ap
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+  os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+  args = _parser().parse_args(argv)
+  images = inference.expand_image_paths(args.images)
+  failed = False
+  for ckpt in args.checkpoint:
+    try:
+      loaded = inference.load(ckpt, model_name=args.model,
+                              image_size=args.image_size,
+                              label_file=args.labels)
+      results = predict(loaded, images, top_k=args.top_k,
+                        batch_size=args.batch_size)
+    except (inference.CheckpointError, FileNotFoundError, ValueError) as e:
+      sys.stdout.flush()
+      print(f"error: {e}", file=sys.stderr, flush=True)
+      failed = True
+      continue
+    if not args.json:
+      print(f"== {ckpt}: {loaded.description}")
+      print(f"   preprocessing: {loaded.preprocessing_summary()}")
+    for r in results:
+      if r.error is not None:
+        failed = True
+        sys.stdout.flush()
+        print(f"error: {r.error}", file=sys.stderr, flush=True)
+        if args.json:
+          print(json.dumps({"checkpoint": ckpt, **r.as_dict()}))
+      elif args.json:
+        print(json.dumps({"checkpoint": ckpt, **r.as_dict()}))
+      else:
+        print(format_prediction(r))
+    sys.stdout.flush()
+  return 1 if failed else 0
+
+
+if __name__ == "__main__":
+  sys.exit(main())
