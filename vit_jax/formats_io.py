@@ -20,7 +20,7 @@ import numpy as np
 
 from vit_jax import convert, formats, models
 from vit_jax.formats_arch import (arch_from_json, arch_of, arch_to_json,
-                                  check_name, describe_arch, finish, flatten,
+                                  check_name, finish, flatten,
                                   num_heads_for, unflatten, variant_from_name)
 
 __all__ = ["save_safetensors", "load_safetensors", "read_safetensors",
@@ -138,10 +138,10 @@ def state_dict_layout(keys) -> str:
   return "unknown"
 
 
-def torchvision_arch(state_dict) -> dict:
-  """Size of a torchvision ViT state dict, read from its shapes (the
-  variant's heads come from the standard table; a conv stem's patch size
-  cannot be read and needs the variant name)."""
+def torchvision_arch(state_dict, num_heads: Optional[int] = None) -> dict:
+  """Size of a torchvision ViT state dict, read from its shapes (the heads,
+  not stored, are ``num_heads`` or the standard number for the width; a
+  conv stem's patch size cannot be read and needs the variant name)."""
   sd = state_dict
   strip = "module." if all(k.startswith("module.") for k in sd) else ""
   get = lambda k: sd.get(strip + k)  # noqa: E731
@@ -166,7 +166,7 @@ def torchvision_arch(state_dict) -> dict:
               hidden_size=d, num_layers=depth,
               mlp_dim=int(np.shape(mlp)[0]) if mlp is not None else None,
               patch_size=int(np.shape(w)[-1]),
-              num_heads=num_heads_for(d))
+              num_heads=num_heads or num_heads_for(d))
 
 
 def from_state_dict(state_dict, name: Optional[str] = None, *,
@@ -175,8 +175,9 @@ def from_state_dict(state_dict, name: Optional[str] = None, *,
   """A torchvision or timm ViT state dict -> ``(model, variables)``.
 
   ``name`` is the variant (``vit_b_16``, ``B/16`` or timm's
-  ``vit_base_patch16_224``); without it the size is read from the shapes
-  with the standard number of heads for the width. A state dict of some
+  ``vit_base_patch16_224``) and is checked against the shapes; without it
+  the size (any depth / width) is read from the shapes, with ``num_heads``
+  or else the standard number of heads for the width. A state dict of some
   other network is an error that says what was found.
   """
   if not isinstance(state_dict, Mapping):
@@ -188,20 +189,23 @@ def from_state_dict(state_dict, name: Optional[str] = None, *,
                              image_size=image_size, **model_overrides)
   if layout == "torchvision":
     try:
-      have = torchvision_arch(state_dict)
+      have = torchvision_arch(state_dict, num_heads)
     except ValueError:
       if name is None:
         raise
       have = None  # conv stem: the variant name says the size
-    if name is None:
-      name = f"vit_{_size_letter(have)}_{have['patch_size']}"
-    elif have is not None:
-      check_name(have, name)
-    v = variant_from_name(name)  # timm / big_vision names -> ours
-    size = _size_letter(dict(hidden_size=v.hidden_size, num_layers=v.num_layers,
-                             mlp_dim=v.mlp_dim))
-    return convert.from_torchvision(state_dict, f"vit_{size}_{v.patch_size}",
-                                    image_size=image_size, **model_overrides)
+    if name is not None:
+      if have is not None:
+        check_name(have, name)
+      v = variant_from_name(name)  # ours, big_vision's or timm's name
+      have = dict(hidden_size=v.hidden_size, num_layers=v.num_layers,
+                  num_heads=v.num_heads, mlp_dim=v.mlp_dim,
+                  patch_size=v.patch_size)
+    # Any size: the converter takes the architecture as overrides.
+    arch = {k: have[k] for k in _TV_ARCH}
+    return convert.from_torchvision(state_dict, "vit_b_16",
+                                    image_size=image_size,
+                                    **{**arch, **model_overrides})
   keys = list(state_dict)
   raise ValueError(
       "Not a Vision Transformer checkpoint of torchvision's or timm's layout "
@@ -210,12 +214,4 @@ def from_state_dict(state_dict, name: Optional[str] = None, *,
       f"architecture (e.g. a ResNet)?")
 
 
-def _size_letter(arch) -> str:
-  for size, (w, depth, heads, mlp) in models.SIZES.items():
-    if (arch["hidden_size"], arch["num_layers"]) == (w, depth) and (
-        arch.get("mlp_dim") in (None, mlp)):
-      return size
-  raise ValueError(
-      f"This torchvision state dict is not one of the standard sizes "
-      f"({describe_arch(dict(arch, num_classes=None))}); torchvision weights "
-      f"map onto the registered variants only.")
+_TV_ARCH = ("hidden_size", "num_layers", "num_heads", "mlp_dim", "patch_size")

@@ -1,0 +1,159 @@
+r"""Top-1 / top-5 accuracy of a checkpoint on a tfds split.
+
+    python -m vit_jax.evaluate --checkpoint /tmp/digits      # its own test split
+    python -m vit_jax.evaluate --checkpoint vit_b_16.pth --model vit_b_16 \
+        --dataset imagenet2012 --split validation --data_dir ~/tensorflow_datasets
+
+The data goes through the training pipeline's eval path
+(:func:`vit_jax.input_pipeline.eval_dataset`: resize the short side, center
+crop, normalise with the weights' mean/std; the last batch padded with
+``mask == 0`` examples) and the training eval step
+(:func:`vit_jax.train_lib.make_eval_step`), so every example of the split is
+counted exactly once. The resize/crop and mean/std are those of the weights
+(a run's own config; torchvision's 256 -> 224 and ImageNet statistics; 0.5 /
+0.5 for Google and timm weights). Label indices must follow the dataset's
+order (for ImageNet weights on tfds ``imagenet2012`` they do).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from typing import Optional, Sequence, Union
+
+from vit_jax import inference
+
+
+def _eval_config(dataset: str, split: str, data_dir: Optional[str],
+                 download: bool, loaded: inference.Loaded):
+  import ml_collections  # pylint: disable=import-outside-toplevel
+
+  pre = loaded.preprocessing
+  return ml_collections.ConfigDict({
+      "dataset": dataset, "data_dir": data_dir, "download": download,
+      # Only the evaluated split is read (get_source also checks the train
+      # split, so it is the same one).
+      "train_split": split, "eval_split": split,
+      "image_size": int(pre.crop_size), "cache": False, "prefetch": 2,
+      "pp": {"eval_crop_fraction": float(pre.crop_size) / float(pre.resize_size)},
+  })
+
+
+def evaluate(checkpoint: Union[str, inference.Loaded], *,
+             dataset: Optional[str] = None, split: Optional[str] = None,
+             data_dir: Optional[str] = None, batch_size: int = 256,
+             download: bool = True, model_name: Optional[str] = None,
+             image_size: Optional[int] = None) -> dict:
+  """Evaluates a checkpoint on ``dataset[split]``.
+
+  For a training checkpoint, ``dataset`` / ``split`` / ``data_dir`` default
+  to its run's. Returns a dict with ``top1``, ``top5`` (fractions),
+  ``loss`` (mean cross-entropy), ``correct``, ``correct5``, ``count`` (=
+  the number of examples in the split), ``dataset``, ``split``, ``seconds``.
+  """
+  import jax  # pylint: disable=import-outside-toplevel
+  import numpy as np  # pylint: disable=import-outside-toplevel
+
+  from vit_jax import input_pipeline, train_lib  # pylint: disable=import-outside-toplevel
+
+  loaded = (checkpoint if isinstance(checkpoint, inference.Loaded) else
+            inference.load(checkpoint, model_name=model_name,
+                           image_size=image_size))
+  run = loaded.info.get("config") or {}  # a training run's config
+  dataset = dataset or run.get("dataset")
+  split = split or run.get("eval_split") or "test"
+  if data_dir is None:
+    data_dir = run.get("data_dir")
+  if not dataset:
+    raise ValueError("Which dataset? Pass dataset= (--dataset), e.g. "
+                     "'imagenet2012' with split 'validation'.")
+  if batch_size < 1:
+    raise ValueError(f"batch_size={batch_size}: expected >= 1")
+  num_classes = loaded.num_classes
+  if not num_classes:
+    raise ValueError(f"{loaded.description}: no classification head to "
+                     f"evaluate.")
+  config = _eval_config(dataset, split, data_dir, download, loaded)
+  src = input_pipeline.get_source(config)
+  if src.num_classes != num_classes:
+    raise ValueError(
+        f"The model has {num_classes} classes but {dataset!r} has "
+        f"{src.num_classes}: this checkpoint was not trained for it.")
+  pre = loaded.preprocessing
+  ds, num_batches = input_pipeline.eval_dataset(
+      config, src, local_batch=int(batch_size), process_index=0,
+      process_count=1, mean=tuple(pre.mean), std=tuple(pre.std))
+  eval_step = jax.jit(train_lib.make_eval_step(loaded.model, num_classes))
+  params = loaded.variables["params"]
+  batch_stats = loaded.variables.get("batch_stats", {})
+  totals = dict(loss=0.0, correct=0.0, correct5=0.0, count=0.0)
+  start = time.time()
+  for batch in input_pipeline.as_numpy(ds):
+    out = eval_step(params, batch_stats, batch)
+    for k in totals:
+      totals[k] += float(np.asarray(out[k]))
+  count = int(round(totals["count"]))
+  if count != src.num_eval:
+    raise RuntimeError(f"Counted {count} examples, but {dataset}[{split}] has "
+                       f"{src.num_eval}.")
+  return {
+      "dataset": dataset, "split": split, "count": count,
+      "top1": totals["correct"] / max(count, 1),
+      "top5": totals["correct5"] / max(count, 1),
+      "correct": int(round(totals["correct"])),
+      "correct5": int(round(totals["correct5"])),
+      "top5_k": min(5, num_classes),
+      "loss": totals["loss"] / max(count, 1), "batches": int(num_batches),
+      "batch_size": int(batch_size), "seconds": time.time() - start,
+  }
+
+
+def format_result(r: dict) -> str:
+  k = r["top5_k"]
+  return (f"{r['dataset']}[{r['split']}]: top-1 {100 * r['top1']:.2f}% "
+          f"({r['correct']}/{r['count']}), top-{k} {100 * r['top5']:.2f}% "
+          f"({r['correct5']}/{r['count']}), loss {r['loss']:.4f} "
+          f"[{r['count']} examples in {r['batches']} batches of "
+          f"{r['batch_size']}, {r['seconds']:.1f}s]")
+
+
+def _parser() -> argparse.ArgumentParser:
+  ap = argparse.ArgumentParser(
+      prog="python -m vit_jax.evaluate",
+      description="Top-1/top-5 accuracy of a ViT checkpoint on a tfds split.")
+  ap.add_argument("--checkpoint", required=True, help=inference.SUPPORTED)
+  ap.add_argument("--model", default=None,
+                  help="variant when the weights cannot tell (vit_b_16, ...)")
+  ap.add_argument("--dataset", default=None,
+                  help="tfds name or image folder (default: the run's)")
+  ap.add_argument("--split", default=None,
+                  help="split to evaluate (default: the run's eval split)")
+  ap.add_argument("--data_dir", default=None)
+  ap.add_argument("--batch_size", type=int, default=256)
+  ap.add_argument("--image_size", type=int, default=None)
+  ap.add_argument("--no_download", action="store_true",
+                  help="fail instead of downloading a missing dataset")
+  ap.add_argument("--json", action="store_true", help="print a JSON object")
+  return ap
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+  os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+  args = _parser().parse_args(argv)
+  try:
+    result = evaluate(args.checkpoint, dataset=args.dataset, split=args.split,
+                      data_dir=args.data_dir, batch_size=args.batch_size,
+                      download=not args.no_download, model_name=args.model,
+                      image_size=args.image_size)
+  except (inference.CheckpointError, FileNotFoundError, ValueError) as e:
+    print(f"error: {e}", file=sys.stderr)
+    return 1
+  print(json.dumps(result) if args.json else format_result(result))
+  return 0
+
+
+if __name__ == "__main__":
+  sys.exit(main())
