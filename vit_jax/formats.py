@@ -30,8 +30,8 @@ concatenated) becomes our embedding with a zero class row, which computes
 the same function; its scanned ``Transformer/encoderblock`` is unstacked;
 ``gap`` heads (no ``cls``) become ``classifier='gap'``.
 
-The ``.npz`` functions live in :mod:`vit_jax.formats_google` and
-safetensors in :mod:`vit_jax.formats_io`; both are re-exported here.
+The ``.npz`` functions live in :mod:`vit_jax.formats_google` (re-exported
+here); safetensors and "any state dict" loading in :mod:`vit_jax.formats_io`.
 """
 
 from __future__ import annotations

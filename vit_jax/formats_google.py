@@ -2,6 +2,15 @@
 
 Read with ``np.load(allow_pickle=False)``; re-exported by
 :mod:`vit_jax.formats` (see its docstring for the key mapping).
+
+Numerics: Google's models were trained with flax's default GELU (the tanh
+approximation); like timm, vit_jax runs them with the exact (erf) GELU that
+torchvision parity needs. The two differ by less than 1e-3 per activation;
+logits of loaded checkpoints are therefore timm's, not bit-for-bit big_vision's.
+What is not supported is reported by name: ResNet hybrids (``conv_root``),
+``map`` heads (``MAPHead_0``); big_vision's ``pool_type='0'`` (first patch
+token, no class token) cannot be told from ``gap`` by the weights and loads
+as ``gap``.
 """
 
 from __future__ import annotations
