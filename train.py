@@ -77,6 +77,11 @@ def _init_distributed():
 def main(argv):
   if len(argv) > 1:
     raise app.UsageError(f"Unexpected arguments: {argv[1:]}")
+  if _CONFIG.value.init_weights:
+    # torchvision (and the triton it imports) must be loaded before
+    # TensorFlow: the other order crashes the process.
+    import torch  # noqa: F401  pylint: disable=import-outside-toplevel,unused-import
+    import torchvision  # noqa: F401  pylint: disable=import-outside-toplevel,unused-import
   from vit_jax import input_pipeline  # pylint: disable=import-outside-toplevel
 
   user_errors = (ValueError, FileNotFoundError, FloatingPointError,

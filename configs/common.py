@@ -100,3 +100,91 @@ def get_config() -> ml_collections.ConfigDict:
   c.tensorboard = True
   return c
 
+
+
+# Per-dataset defaults for the ViT recipes: splits, steps (the ViT paper's
+# fine-tuning lengths) and the eval crop (CIFAR is only resized).
+DATASETS = {
+    "cifar10": dict(train_split="train", eval_split="test", steps=10_000,
+                    eval_crop_fraction=1.0),
+    "cifar100": dict(train_split="train", eval_split="test", steps=10_000,
+                     eval_crop_fraction=1.0),
+    "imagenet2012": dict(train_split="train", eval_split="validation",
+                         steps=20_000, eval_crop_fraction=0.875),
+    "oxford_iiit_pet": dict(train_split="train", eval_split="test", steps=500,
+                            eval_crop_fraction=0.875),
+    "oxford_flowers102": dict(train_split="train", eval_split="test",
+                              steps=500, eval_crop_fraction=0.875),
+}
+
+
+def parse_arg(arg, default_dataset="cifar10"):
+  """``'cifar100,384,scratch'`` -> (dataset, resolution or None, scratch)."""
+  dataset, res, scratch = default_dataset, None, False
+  for tok in [t.strip() for t in (arg or "").split(",") if t.strip()]:
+    if tok.isdigit():
+      res = int(tok)
+    elif tok == "scratch":
+      scratch = True
+    else:
+      dataset = tok
+  return dataset, res, scratch
+
+
+def vit_recipe(arg, model_name: str, weights: str,
+               default_res: int = 224) -> ml_collections.ConfigDict:
+  """The shared ViT recipe behind b16.py / l16.py / ...
+
+  Fine-tuning (default, from torchvision ``weights``): the ViT paper's
+  recipe: SGD momentum 0.9, no weight decay, global-norm clip 1.0, batch 512,
+  500 warmup steps + cosine, zero-initialised head, Inception crop + flip;
+  the position embedding is resampled when the resolution differs.
+  ``scratch`` (or ``weights=None``, for sizes torchvision does not release):
+  AdamW (wd 0.05), label smoothing, RandAugment, mixup, drop path: a
+  DeiT-style recipe for training from random weights.
+  """
+  dataset, res, scratch = parse_arg(arg)
+  scratch = scratch or not weights  # no released weights: from scratch
+  c = get_config()
+  d = DATASETS.get(dataset, dict(train_split="train", eval_split="test",
+                                 steps=10_000, eval_crop_fraction=0.875))
+  c.dataset = dataset
+  c.train_split, c.eval_split = d["train_split"], d["eval_split"]
+  c.image_size = res or default_res
+  c.pp.eval_crop_fraction = d["eval_crop_fraction"]
+  c.pp.crop = "inception"
+  c.pp.flip = True
+  c.model_name = model_name
+  c.model.dtype = "bfloat16"  # mixed precision: bf16 compute, f32 params
+  c.batch_size = 512
+  c.eval_batch_size = 512
+  c.total_steps = d["steps"]
+  c.log_every = 50
+  c.eval_every = 1000
+  c.checkpoint_every = 1000
+  if not scratch:
+    c.init_weights = weights
+    c.optimizer = "sgd"
+    c.momentum = 0.9
+    c.learning_rate = 0.01
+    c.weight_decay = 0.0
+    c.grad_clip_norm = 1.0
+    c.warmup_steps = 500
+    c.schedule = "cosine"
+  else:
+    c.init_weights = ""
+    c.optimizer = "adamw"
+    c.learning_rate = 1e-3
+    c.weight_decay = 0.05
+    c.b2 = 0.999
+    c.grad_clip_norm = 1.0
+    c.label_smoothing = 0.1
+    c.warmup_steps = 2_000
+    c.total_steps = max(c.total_steps, 30_000)
+    c.pp.randaugment_layers = 2
+    c.pp.randaugment_magnitude = 9
+    c.pp.mixup_alpha = 0.2
+    c.pp.mean = (0.5, 0.5, 0.5)
+    c.pp.std = (0.5, 0.5, 0.5)
+    c.model.drop_path_rate = 0.1
+  return c

@@ -22,15 +22,12 @@ def get_config():
   c.train_split = "train"
   c.eval_split = "test"
   c.image_size = 16
-  c.cache = True
   c.shuffle_buffer = 2048
 
   c.pp.crop = "random_crop"
   c.pp.crop_padding = 2
   c.pp.flip = False
   c.pp.eval_crop_fraction = 1.0  # eval: plain resize 8 -> 32
-  c.pp.mean = (0.5, 0.5, 0.5)
-  c.pp.std = (0.5, 0.5, 0.5)
 
   # A ViT smaller than Ti: width 128, depth 4, 4 heads, 4x4 patches.
   c.model_name = "vit_ti_4"

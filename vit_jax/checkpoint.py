@@ -78,7 +78,14 @@ class CheckpointManager:
         variables=ocp.args.StandardRestore(abstract_items["variables"]),
         train=ocp.args.StandardRestore(abstract_items["train"]),
         meta=ocp.args.JsonRestore())
-    out = self.manager.restore(int(step), args=args)
+    try:
+      out = self.manager.restore(int(step), args=args)
+    except ValueError as e:
+      raise ValueError(
+          f"Checkpoint step {step} in {self.directory} does not match the "
+          f"train state of this config (a different model, optimizer or "
+          f"gradient clipping than the run that wrote it?). Resume with the "
+          f"original config or use a new --workdir. Orbax: {e}") from e
     return {"variables": out["variables"], "train": out["train"]}, out["meta"]
 
   def restore_meta(self, step: int) -> Dict[str, Any]:

@@ -131,6 +131,10 @@ class Progress:
     self.paused = 0.0
     self._pause_start = self.last_time
 
+  def restart(self, step: int):
+    """Starts timing at ``step`` (e.g. after the first, compiling, step)."""
+    self.last_step, self.last_time, self.paused = step, time.perf_counter(), 0.0
+
   def pause(self):
     self._pause_start = time.perf_counter()
 

@@ -6,6 +6,10 @@ sharded), ``NamedSharding`` for the batch and the state, and the state donated
 (``donate_argnums``). No ``pmap``. The loop itself is in
 :mod:`vit_jax.train_loop`; :func:`train_and_evaluate` is re-exported here.
 
+Fine-tuning from torchvision weights imports torch and torchvision; in one
+process they must be imported *before* TensorFlow (tf.data), as ``train.py``
+does: importing torchvision's triton after TensorFlow crashes the process.
+
 The train state carries running sums of the loss since the last log event
 (``acc``), so a resumed run reports exactly the numbers of an uninterrupted
 one and a non-finite loss anywhere in a window is never missed.
@@ -28,7 +32,8 @@ from jax.sharding import PartitionSpec as P
 
 from vit_jax import convert, models
 
-_ACC_KEYS = ("loss_sum", "grad_norm_sum", "count", "nonfinite")
+_ARCH_FIELDS = ("hidden_size", "num_layers", "num_heads", "mlp_dim",
+                "patch_size")
 
 
 @flax.struct.dataclass
@@ -189,9 +194,11 @@ def init_variables(config, model, num_classes: int):
   if not config.init_weights:
     return None, None
   weights = _torchvision_state_dict(config.model_name, config.init_weights)
-  kw = dict(scan_layers=model.scan_layers)
+  # Architecture overrides (custom sizes) describe the checkpoint too.
+  kw = {k: config.model[k] for k in _ARCH_FIELDS if k in config.model}
   tv = convert.load_torchvision(config.model_name, weights,
-                                image_size=config.image_size, **kw)
+                                image_size=config.image_size,
+                                scan_layers=model.scan_layers, **kw)
   variables = jax.tree_util.tree_map(np.asarray, dict(tv.variables))
   params = dict(variables["params"])
   width = params["head"]["kernel"].shape[0] if "head" in params else None
@@ -301,7 +308,7 @@ def make_train_step(model, tx, *, num_classes: int, seed: int,
       grads = jax.tree_util.tree_map(lambda g: g / accum, grads)
       loss = loss / accum
 
-    grad_norm = optax.global_norm(grads)
+    grad_norm = optax.tree.norm(grads)
     updates, opt_state = tx.update(grads, state.opt_state, state.params)
     params = optax.apply_updates(state.params, updates)
     finite = jnp.isfinite(loss) & jnp.isfinite(grad_norm)

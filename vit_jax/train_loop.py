@@ -142,7 +142,8 @@ def train_and_evaluate(config, workdir: str, *,
     devices: the devices of the mesh (default: all of ``jax.devices()``).
 
   Returns:
-    The last train and eval metrics, plus ``step`` and ``preempted``.
+    The last train and eval metrics, plus ``step``, ``preempted``,
+    ``checkpoint_step`` and the final ``state`` (a TrainState).
   """
   workdir = os.path.abspath(workdir)
   pidx, pcount = jax.process_index(), jax.process_count()
@@ -264,9 +265,15 @@ def train_and_evaluate(config, workdir: str, *,
       batch = train_lib.global_batch(next(train_iter), data_sh)
       state = fns.train_step(state, batch)
       step += 1
+      if step == start + 1 and step % int(config.log_every) and step < total:
+        # Keep compilation out of img/s and the ETA.
+        jax.block_until_ready(state.step)
+        progress.restart(step)
       is_last = step == total
       preempted = preemption.requested()
-      is_log = step % int(config.log_every) == 0 or is_last or preempted
+      # A preempted run saves its loss sums unlogged, so the resumed run logs
+      # the very windows (and numbers) of an uninterrupted one.
+      is_log = step % int(config.log_every) == 0 or is_last
       is_ckpt = (step % int(config.checkpoint_every) == 0 or is_last or
                  preempted)
       if is_log or is_ckpt:
@@ -302,4 +309,4 @@ def train_and_evaluate(config, workdir: str, *,
     metrics.write_plots(workdir)
   writer.close()
   return dict(step=step, preempted=preempted, checkpoint_step=saved_step,
-              **last_train, **last_eval)
+              state=state, **last_train, **last_eval)

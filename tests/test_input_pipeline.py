@@ -1,0 +1,213 @@
+"""Input pipeline: the digits builder, deterministic and per-process streams,
+exactly-once evaluation, image folders, mock_data datasets, and its errors."""
+
+import hashlib
+import os
+import time
+
+import numpy as np
+import pytest
+import tensorflow_datasets as tfds
+from PIL import Image
+
+from train_helpers import digits_data_dir, tiny_config
+from vit_jax import input_pipeline as ip
+from vit_jax import randaugment
+from vit_jax.datasets import digits
+
+MEAN = STD = (0.5, 0.5, 0.5)
+
+
+@pytest.fixture(scope="module")
+def src():
+  return ip.get_source(tiny_config())
+
+
+def _batches(ds, n):
+  it = ip.as_numpy(ds)
+  return [next(it) for _ in range(n)]
+
+
+def _digest(image) -> str:
+  return hashlib.sha1(np.ascontiguousarray(image).tobytes()).hexdigest()
+
+
+def test_digits_builder_splits():
+  b = tfds.builder("digits", data_dir=digits_data_dir())
+  assert b.info.splits["train"].num_examples == 1438
+  assert b.info.splits["test"].num_examples == 359
+  assert b.info.features["label"].names == [str(i) for i in range(10)]
+  from sklearn.datasets import load_digits
+  labels = load_digits().target
+  train, test = digits.split_indices(labels)
+  assert len(np.intersect1d(train, test)) == 0
+  assert len(train) + len(test) == 1797
+  # Stratified: every class has ~20% of its examples in test.
+  for c in range(10):
+    frac = np.mean(labels[test] == c) / np.mean(labels == c) * len(test) / 1797
+    assert 0.18 < frac < 0.22
+  # Real digits, stored 0..255.
+  ex = next(iter(tfds.as_numpy(b.as_dataset(split="test"))))
+  assert ex["image"].shape == (8, 8, 1) and ex["image"].max() > 200
+
+
+def test_train_stream_is_a_function_of_step(src):
+  cfg = tiny_config()
+  kw = dict(local_batch=16, process_index=0, process_count=1, mean=MEAN,
+            std=STD)
+  full = _batches(ip.train_dataset(cfg, src, start_step=0, **kw), 100)
+  # Resuming at step 93 (crosses an epoch boundary: 1438 / 16 ~ 89.9).
+  resumed = _batches(ip.train_dataset(cfg, src, start_step=93, **kw), 7)
+  for a, b in zip(full[93:], resumed):
+    np.testing.assert_array_equal(a["image"], b["image"])
+    np.testing.assert_array_equal(a["label"], b["label"])
+  assert full[0]["image"].shape == (16, 8, 8, 3)
+  assert full[0]["image"].dtype == np.float32 and full[0]["label"].dtype == np.int32
+  # Epochs are reshuffled, and augmentation differs between batches.
+  assert not np.array_equal(full[0]["label"], full[90]["label"])
+  # Another seed gives another stream.
+  other = _batches(ip.train_dataset(tiny_config(seed=1), src, start_step=0,
+                                    **kw), 1)
+  assert not np.array_equal(other[0]["image"], full[0]["image"])
+
+
+def test_processes_read_disjoint_train_slices(src):
+  cfg = tiny_config(**{"pp.crop": "resize"})  # no augmentation: comparable
+  seen = []
+  for p in range(2):
+    ds = ip.train_dataset(cfg, src, local_batch=719, start_step=0,
+                          process_index=p, process_count=2, mean=MEAN, std=STD)
+    batch = _batches(ds, 1)[0]  # one whole epoch of this process's slice
+    seen.append({_digest(x) for x in batch["image"]})
+  assert len(seen[0] & seen[1]) < 5  # (a few digits are pixel-identical)
+  assert len(seen[0] | seen[1]) > 1400
+
+
+@pytest.mark.parametrize("process_count,local_batch", [(1, 64), (3, 32)])
+def test_eval_counts_every_example_once(src, process_count, local_batch):
+  cfg = tiny_config()
+  total, digests, nbatches = 0, [], set()
+  for p in range(process_count):
+    ds, n = ip.eval_dataset(cfg, src, local_batch=local_batch, process_index=p,
+                            process_count=process_count, mean=MEAN, std=STD)
+    batches = list(ip.as_numpy(ds))
+    assert len(batches) == n
+    nbatches.add(n)
+    for b in batches:
+      m = b["mask"] > 0
+      total += int(m.sum())
+      digests += [_digest(x) + str(y) for x, y in zip(b["image"][m], b["label"][m])]
+      assert np.all(b["image"][~m] == 0)
+  assert len(nbatches) == 1  # every process runs the same number of batches
+  assert total == 359
+  ref, _ = ip.eval_dataset(cfg, src, local_batch=359, process_index=0,
+                           process_count=1, mean=MEAN, std=STD)
+  ref = next(ip.as_numpy(ref))
+  assert sorted(digests) == sorted(_digest(x) + str(y)
+                                   for x, y in zip(ref["image"], ref["label"]))
+
+
+def test_eval_preprocessing_resizes_and_normalises(src):
+  cfg = tiny_config(image_size=16)
+  ds, _ = ip.eval_dataset(cfg, src, local_batch=8, process_index=0,
+                          process_count=1, mean=MEAN, std=STD)
+  b = next(ip.as_numpy(ds))
+  assert b["image"].shape == (8, 16, 16, 3)
+  assert -1.0 <= b["image"].min() and b["image"].max() <= 1.0
+  np.testing.assert_array_equal(b["image"][..., 0], b["image"][..., 2])  # grey
+
+
+def test_image_folder_dataset(tmp_path):
+  rng = np.random.RandomState(0)
+  for split, n in (("train", 6), ("test", 3)):
+    for label in ("cat", "dog"):
+      d = tmp_path / split / label
+      d.mkdir(parents=True)
+      for i in range(n):
+        Image.fromarray(rng.randint(0, 255, (20 + i, 24, 3), np.uint8)).save(
+            d / f"{i}.png")
+  cfg = tiny_config(dataset=f"folder:{tmp_path}")
+  s = ip.get_source(cfg)
+  assert s.label_names == ["cat", "dog"] and s.num_classes == 2
+  assert (s.num_train, s.num_eval) == (12, 6)
+  ds = ip.train_dataset(cfg, s, local_batch=4, start_step=0, process_index=1,
+                        process_count=2, mean=MEAN, std=STD)
+  assert _batches(ds, 2)[1]["image"].shape == (4, 8, 8, 3)
+  ds, n = ip.eval_dataset(cfg, s, local_batch=4, process_index=0,
+                          process_count=2, mean=MEAN, std=STD)
+  assert n == 1 and sum(b["mask"].sum() for b in ip.as_numpy(ds)) == 3
+
+
+def test_mock_tfds_catalogue_dataset():
+  """A catalogue dataset (CIFAR-10) through the same path, with mock data."""
+  cfg = tiny_config(dataset="cifar10", data_dir=None, image_size=16,
+                    **{"pp.crop": "inception", "pp.flip": True,
+                       "pp.randaugment_layers": 2})
+  with tfds.testing.mock_data(num_examples=40):
+    s = ip.get_source(cfg)
+    assert s.num_classes == 10 and len(s.label_names) == 10
+    ds = ip.train_dataset(cfg, s, local_batch=8, start_step=3, process_index=0,
+                          process_count=1, mean=MEAN, std=STD)
+    b = _batches(ds, 1)[0]
+    ds, n = ip.eval_dataset(cfg, s, local_batch=16, process_index=0,
+                            process_count=1, mean=MEAN, std=STD)
+    assert sum(e["mask"].sum() for e in ip.as_numpy(ds)) == 40 and n == 3
+  assert b["image"].shape == (8, 16, 16, 3) and b["label"].max() < 10
+
+
+def test_missing_dataset_offline_fails_fast(tmp_path, monkeypatch):
+  monkeypatch.setattr(ip, "_online", lambda *a, **k: False)
+  t0 = time.perf_counter()
+  with pytest.raises(ip.DatasetNotPreparedError) as e:
+    ip.get_builder("cifar10", data_dir=str(tmp_path), download=True)
+  assert time.perf_counter() - t0 < 30
+  msg = str(e.value)
+  assert "'cifar10'" in msg and str(tmp_path) in msg and "tfds build cifar10" in msg
+  assert "offline" in msg
+  with pytest.raises(ip.DatasetNotPreparedError, match="download is False"):
+    ip.get_builder("cifar10", data_dir=str(tmp_path), download=False)
+
+
+def test_online_probe_is_quick():
+  t0 = time.perf_counter()
+  ip._online(timeout=2.0)
+  assert time.perf_counter() - t0 < 10
+
+
+def test_bad_dataset_names_and_splits(tmp_path):
+  with pytest.raises(ValueError, match="Unknown dataset 'no_such_dataset_xyz'"):
+    ip.get_builder("no_such_dataset_xyz", data_dir=str(tmp_path))
+  with pytest.raises(FileNotFoundError, match="does not exist"):
+    ip.get_builder(f"folder:{tmp_path}/missing")
+  with pytest.raises(ValueError, match=r"config.eval_split='validation'.*"
+                     r"\['train', 'test'\]|config.eval_split='validation'.*"
+                     r"\['test', 'train'\]"):
+    ip.get_source(tiny_config(eval_split="validation"))
+
+
+def test_bad_normalisation():
+  with pytest.raises(ValueError, match=r"config.pp.mean=\(0.5, 128.0, 0.5\)"):
+    ip.normalization(tiny_config(**{"pp.mean": (0.5, 128.0, 0.5)}))
+  assert ip.normalization(tiny_config(**{"pp.mean": None, "pp.std": None})) == (
+      (0.5,) * 3, (0.5,) * 3)
+
+
+def test_bad_crop_mode(src):
+  cfg = tiny_config(**{"pp.crop": "zoom"})
+  with pytest.raises(ValueError, match="config.pp.crop='zoom'"):
+    ip.train_dataset(cfg, src, local_batch=4, start_step=0, process_index=0,
+                     process_count=1, mean=MEAN, std=STD)
+
+
+def test_randaugment_ops_and_determinism():
+  import tensorflow as tf
+  img = tf.constant(np.random.RandomState(0).randint(0, 256, (12, 10, 3)),
+                    tf.uint8)
+  for i, name in enumerate(randaugment.OPS):
+    out = randaugment._ops(img, tf.constant(0.5), tf.constant(-1.0))[i]()
+    assert out.dtype == tf.uint8 and tuple(out.shape) == (12, 10, 3), name
+  seed = tf.constant([4, 2], tf.int64)
+  a = randaugment.randaugment(img, num_layers=3, magnitude=9, seed=seed)
+  b = randaugment.randaugment(img, num_layers=3, magnitude=9, seed=seed)
+  np.testing.assert_array_equal(a.numpy(), b.numpy())
+  assert os.path.basename(randaugment.__file__) == "randaugment.py"

@@ -1,0 +1,140 @@
+"""Shared helpers of the training tests (tiny configs, subprocess runners).
+
+Training tests that need several host devices, several processes or a real
+``kill`` run in subprocesses (XLA_FLAGS must be set before JAX starts).
+"""
+
+from __future__ import annotations
+
+# torch/torchvision first: importing triton (which torchvision pulls in) after
+# TensorFlow is loaded crashes the process (clashing native libraries).
+import torch  # noqa: F401  # isort: skip
+import torchvision  # noqa: F401  # isort: skip
+
+import atexit
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+PYTHON = sys.executable
+if REPO not in sys.path:
+  sys.path.insert(0, REPO)
+
+_DATA_DIR = None
+# Keys of metrics.jsonl rows that depend on wall time, not on the numbers.
+TIMING_KEYS = {"img_per_sec", "eval_seconds", "time"}
+
+
+def digits_data_dir() -> str:
+  """A TFDS data_dir with the digits dataset prepared (once per session)."""
+  global _DATA_DIR
+  if _DATA_DIR is None:
+    import tensorflow_datasets as tfds
+
+    import vit_jax.datasets  # noqa: F401
+
+    path = tempfile.mkdtemp(prefix="vit_jax_tfds_")
+    atexit.register(shutil.rmtree, path, ignore_errors=True)
+    tfds.builder("digits", data_dir=path).download_and_prepare()
+    _DATA_DIR = path
+  return _DATA_DIR
+
+
+def tiny_overrides(**kw) -> dict:
+  """Overrides turning configs/digits.py into a seconds-long run."""
+  o = {
+      "data_dir": digits_data_dir(),
+      "image_size": 8,
+      "model_name": "vit_ti_4",
+      "model.hidden_size": 32,
+      "model.num_layers": 1,
+      "model.num_heads": 2,
+      "model.mlp_dim": 64,
+      "batch_size": 16,
+      "eval_batch_size": 64,
+      "total_steps": 6,
+      "warmup_steps": 2,
+      "log_every": 2,
+      "eval_every": 3,
+      "checkpoint_every": 3,
+      "learning_rate": 3e-3,
+      "shuffle_buffer": 256,
+      "write_plots": False,
+      "tensorboard": False,
+  }
+  o.update(kw)
+  return o
+
+
+def tiny_config(**kw):
+  """configs/digits.py with :func:`tiny_overrides` applied (and locked)."""
+  from configs import digits
+
+  c = digits.get_config()
+  for key, value in tiny_overrides(**kw).items():
+    node = c
+    *parents, leaf = key.split(".")
+    for p in parents:
+      node = node[p]
+    node[leaf] = value
+  c.lock()
+  return c
+
+
+def cli_flags(overrides: dict) -> list:
+  out = []
+  for k, v in overrides.items():
+    out.append(f"--config.{k}={v}")
+  return out
+
+
+def env(devices: int = 1) -> dict:
+  e = dict(os.environ)
+  e["PYTHONPATH"] = REPO + os.pathsep + e.get("PYTHONPATH", "")
+  e["XLA_FLAGS"] = f"--xla_force_host_platform_device_count={devices}"
+  e["TF_CPP_MIN_LOG_LEVEL"] = "2"
+  e.setdefault("JAX_PLATFORMS", "cpu")
+  return e
+
+
+def train_cmd(workdir: str, overrides: dict, config: str = "configs/digits.py"):
+  return [PYTHON, os.path.join(REPO, "train.py"), f"--config={config}",
+          f"--workdir={workdir}"] + cli_flags(overrides)
+
+
+def run(cmd, devices: int = 1, timeout: float = 300, check: bool = True):
+  p = subprocess.run(cmd, cwd=REPO, env=env(devices), capture_output=True,
+                     text=True, timeout=timeout)
+  if check and p.returncode != 0:
+    raise AssertionError(f"{cmd} failed ({p.returncode}):\n{p.stdout[-3000:]}"
+                         f"\n{p.stderr[-5000:]}")
+  return p
+
+
+def run_python(code: str, devices: int = 1, timeout: float = 600):
+  """Runs ``code`` in a fresh interpreter; returns the JSON it prints last."""
+  p = run([PYTHON, "-c", code], devices=devices, timeout=timeout)
+  return json.loads(p.stdout.strip().splitlines()[-1])
+
+
+def metric_rows(workdir: str) -> dict:
+  """{step: merged numeric metrics} without start rows and timing keys."""
+  from vit_jax import metrics
+
+  out = {}
+  for r in metrics.read_metrics(workdir):
+    if r.get("event") == "start":
+      continue
+    row = {k: v for k, v in r.items() if k not in TIMING_KEYS and k != "step"}
+    out.setdefault(r["step"], {}).update(row)
+  return out
+
+
+def start_rows(workdir: str) -> list:
+  from vit_jax import metrics
+
+  return [r for r in metrics.read_metrics(workdir) if r.get("event") == "start"]
