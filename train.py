@@ -22,7 +22,7 @@ gloo collectives.
 import sys
 import traceback
 
-from absl import app, flags
+from absl import app, flags, logging
 from ml_collections import config_flags
 
 _CONFIG = config_flags.DEFINE_config_file(
@@ -77,6 +77,8 @@ def _init_distributed():
 def main(argv):
   if len(argv) > 1:
     raise app.UsageError(f"Unexpected arguments: {argv[1:]}")
+  if not flags.FLAGS["verbosity"].present:  # Orbax logs every save at INFO
+    logging.set_verbosity(logging.WARNING)
   if _CONFIG.value.init_weights:
     # torchvision (and the triton it imports) must be loaded before
     # TensorFlow: the other order crashes the process.

@@ -294,8 +294,10 @@ def train_and_evaluate(config, workdir: str, *,
             last_train["img_per_sec"], eta))
         state = fns.reset_acc(state)
       if is_ckpt:
+        progress.pause()
         ckpt.save(step, state.items(), dict(meta, step=step))
         saved_step = step
+        progress.resume()
       if step % int(config.eval_every) == 0 or is_last:
         last_eval = do_eval()
       if preempted:
