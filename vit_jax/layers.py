@@ -63,14 +63,74 @@ class _Projection(nn.Module):
     return kernel, bias
 
 
+def _project(x2d, kernel, bias):
+  """(M, K) @ DenseGeneral kernel (K as one or more leading axes, ...) +
+  bias -> (M, prod(...)): one plain 2-D GEMM, no transposes around it."""
+  return x2d @ kernel.reshape(x2d.shape[-1], -1) + bias.reshape(-1)
+
+
+def _head_major(x):
+  """(B, N, H, hd) -> (B, H, N, hd): batch and head lead, so every
+  attention product is a plain batched row-major GEMM on XLA:CPU."""
+  return jnp.transpose(x, (0, 2, 1, 3))
+
+
+def _attention_weights(qh, kh, scale):
+  """softmax(q k^T * scale) in float32, as jax.nn.dot_product_attention's
+  XLA path computes it (float32 logits, scale applied to the logits)."""
+  logits = jnp.einsum("bhqd,bhkd->bhqk", qh, kh,
+                      preferred_element_type=jnp.float32) * scale
+  return jax.nn.softmax(logits, axis=-1)
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(3,))
+def _attention_core(qh, kh, vh, scale):
+  """softmax(q k^T * scale) v on head-major (B, H, N, hd) operands.
+
+  The forward pass is exactly the plain computation. The backward pass is
+  written out (as flash-attention kernels do) instead of left to autodiff:
+  with ``o`` the output, ``ds = p * (dp - rowsum(do * o))`` needs one
+  elementwise pass and an (N, hd) reduction where softmax's autodiff reduces
+  over (N, N) and materialises more (N, N) temporaries; on CPU this cuts the
+  attention block's backward time by about a quarter (bench/README.md).
+  """
+  return _attention_core_fwd(qh, kh, vh, scale)[0]
+
+
+def _attention_core_fwd(qh, kh, vh, scale):
+  p = _attention_weights(qh, kh, scale)
+  o = jnp.einsum("bhqk,bhkd->bhqd", p.astype(vh.dtype), vh)
+  return o, (qh, kh, vh, p, o)
+
+
+def _attention_core_bwd(scale, res, do):
+  qh, kh, vh, p, o = res
+  f32 = jnp.float32
+  dv = jnp.einsum("bhqk,bhqd->bhkd", p.astype(do.dtype), do)
+  dp = jnp.einsum("bhqd,bhkd->bhqk", do, vh, preferred_element_type=f32)
+  # rowsum(dp * p) == rowsum(do * o): softmax's Jacobian-vector product.
+  delta = jnp.sum(do.astype(f32) * o.astype(f32), axis=-1, keepdims=True)
+  ds = (p * (dp - delta) * scale).astype(qh.dtype)
+  dq = jnp.einsum("bhqk,bhkd->bhqd", ds, kh)
+  dk = jnp.einsum("bhqk,bhqd->bhkd", ds, qh)
+  return dq, dk, dv
+
+
+_attention_core.defvjp(_attention_core_fwd, _attention_core_bwd)
+
+
 class MultiHeadDotProductAttention(nn.Module):
   """Multi-head self-attention with linen's parameter layout.
 
   Parameters are exactly those of ``flax.linen.MultiHeadDotProductAttention``
   (``query``/``key``/``value`` kernels (D, H, D/H), ``out`` kernel
-  (H, D/H, D)), but the three input projections run as one fused matmul and
-  the attention itself uses ``jax.nn.dot_product_attention`` unless the
-  weights are wanted (``sow_weights``) or attention dropout is active.
+  (H, D/H, D)). Every projection runs as one plain 2-D GEMM on the
+  (batch * tokens, D) activations. The attention itself is
+  ``jax.nn.dot_product_attention`` when ``attention_impl`` is ``'xla'`` or
+  ``'cudnn'`` (or ``None`` on GPU/TPU); with ``'matmul'`` (the default on
+  CPU, where it is measurably faster: see ``bench/``), it is the same
+  computation written as head-major batched GEMMs. Attention weights are
+  sown with ``sow_weights`` and dropped out with an active dropout rate.
   """
 
   num_heads: int
@@ -79,11 +139,11 @@ class MultiHeadDotProductAttention(nn.Module):
   dropout_rate: float = 0.0
   deterministic: bool = True
   sow_weights: bool = False
-  attention_impl: Optional[str] = None  # None | 'xla' | 'cudnn'
+  attention_impl: Optional[str] = None  # None | 'matmul' | 'xla' | 'cudnn'
 
   @nn.compact
   def __call__(self, x):
-    d = x.shape[-1]
+    b, n, d = x.shape
     if d % self.num_heads:
       raise ValueError(
           f"hidden size {d} is not divisible by num_heads={self.num_heads}")
@@ -94,28 +154,37 @@ class MultiHeadDotProductAttention(nn.Module):
     ]
     out_kernel, out_bias = _Projection((h, hd, d), (d,), self.param_dtype,
                                        name="out")()
-    # Fused q/k/v projection: one (D, 3*D) matmul instead of three.
-    w = jnp.stack([k for k, _ in projs], axis=1)  # (D, 3, H, hd)
-    b = jnp.stack([b for _, b in projs], axis=0)  # (3, H, hd)
-    x, w, b, out_kernel, out_bias = nn.dtypes.promote_dtype(
-        x, w, b, out_kernel, out_bias, dtype=self.dtype)
-    qkv = jnp.einsum("bnd,dthk->tbnhk", x, w) + b[:, None, None]
-    q, k, v = qkv[0], qkv[1], qkv[2]
+    x, out_kernel, out_bias = nn.dtypes.promote_dtype(
+        x, out_kernel, out_bias, dtype=self.dtype)
+    qkv = [nn.dtypes.promote_dtype(kk, bb, dtype=self.dtype)
+           for kk, bb in projs]
+    # Three (B*N, D) x (D, D) GEMMs. One fused (D, 3D) GEMM would need the
+    # three kernels concatenated on every call (a copy of 3*D*D weights
+    # that costs more on CPU than it saves; measured in bench/README.md).
+    x2d = x.reshape(b * n, d)
+    q, k, v = (_project(x2d, kk, bb).reshape(b, n, h, hd) for kk, bb in qkv)
 
+    impl = self.attention_impl
+    if impl is None:
+      impl = "matmul" if jax.default_backend() == "cpu" else None
     use_dropout = self.dropout_rate > 0.0 and not self.deterministic
-    if self.sow_weights or use_dropout:
+    if impl == "matmul" or self.sow_weights or use_dropout:
+      qh, kh, vh = _head_major(q), _head_major(k), _head_major(v)
       scale = 1.0 / math.sqrt(hd)
-      logits = jnp.einsum("bqhk,bshk->bhqs", q * scale, k)
-      weights = jax.nn.softmax(logits.astype(jnp.float32), axis=-1)
-      weights = weights.astype(self.dtype)
-      if self.sow_weights:
-        self.sow("intermediates", "attention_weights", weights)
-      if use_dropout:
-        weights = nn.Dropout(self.dropout_rate)(weights, deterministic=False)
-      y = jnp.einsum("bhqs,bshk->bqhk", weights, v)
+      if self.sow_weights or use_dropout:
+        weights = _attention_weights(qh, kh, scale).astype(self.dtype)
+        if self.sow_weights:
+          self.sow("intermediates", "attention_weights", weights)
+        if use_dropout:
+          weights = nn.Dropout(self.dropout_rate)(weights, deterministic=False)
+        oh = jnp.einsum("bhqk,bhkd->bhqd", weights, vh)
+      else:
+        oh = _attention_core(qh, kh, vh, scale)
+      y = jnp.transpose(oh, (0, 2, 1, 3))  # (B, N, H, hd)
     else:
-      y = jax.nn.dot_product_attention(q, k, v, implementation=self.attention_impl)
-    return jnp.einsum("bnhk,hkd->bnd", y, out_kernel) + out_bias
+      y = jax.nn.dot_product_attention(q, k, v, implementation=impl)
+    return _project(y.reshape(b * n, d), out_kernel, out_bias).reshape(
+        b, n, d)
 
 
 class MlpBlock(nn.Module):

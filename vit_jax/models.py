@@ -149,8 +149,12 @@ class VisionTransformer(nn.Module):
       ``'dots'``, ``'dots_no_batch'``, ``'nothing'``) to save memory.
     sow_attention_weights: sow every block's attention probabilities
       (``intermediates/.../attention_weights``, (B, heads, N, N)).
-    attention_impl: passed to ``jax.nn.dot_product_attention``
-      (``None``, ``'xla'``, ``'cudnn'``).
+    attention_impl: how attention is computed. ``'matmul'``: head-major
+      batched GEMMs with a hand-written backward pass (the fastest on CPU,
+      see ``bench/README.md``); ``'xla'`` / ``'cudnn'``: passed to
+      ``jax.nn.dot_product_attention``; ``None`` (default): ``'matmul'`` on
+      CPU, ``jax.nn.dot_product_attention``'s own choice elsewhere. All
+      compute the same function.
   """
 
   patch_size: int = 16

@@ -1,0 +1,82 @@
+"""The CPU attention path ('matmul', hand-written backward) computes the same
+function and the same gradients as jax.nn.dot_product_attention."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from vit_jax import layers, models
+
+
+def _qkv(b=2, n=7, h=3, hd=8, dtype=jnp.float32, seed=0):
+  ks = jax.random.split(jax.random.key(seed), 3)
+  return [jax.random.normal(k, (b, n, h, hd), dtype) for k in ks]
+
+
+def _core(q, k, v):
+  scale = 1.0 / np.sqrt(q.shape[-1])
+  oh = layers._attention_core(  # pylint: disable=protected-access
+      *(layers._head_major(t) for t in (q, k, v)), scale)  # pylint: disable=protected-access
+  return jnp.transpose(oh, (0, 2, 1, 3))
+
+
+def test_core_equals_dot_product_attention_forward_and_backward():
+  q, k, v = _qkv()
+  ref = jax.nn.dot_product_attention(q, k, v, implementation="xla")
+  np.testing.assert_allclose(_core(q, k, v), ref, rtol=1e-6, atol=1e-6)
+
+  w = jax.random.normal(jax.random.key(9), ref.shape)
+  loss = lambda f: lambda *a: jnp.sum(f(*a) * w)
+  g_ref = jax.grad(loss(lambda *a: jax.nn.dot_product_attention(
+      *a, implementation="xla")), argnums=(0, 1, 2))(q, k, v)
+  g = jax.grad(loss(_core), argnums=(0, 1, 2))(q, k, v)
+  for a, b in zip(g, g_ref):
+    np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-5)
+
+
+def test_core_bfloat16_stays_close_to_float32():
+  q, k, v = _qkv(dtype=jnp.bfloat16)
+  out = _core(q, k, v)
+  assert out.dtype == jnp.bfloat16
+  ref = _core(*(t.astype(jnp.float32) for t in (q, k, v)))
+  np.testing.assert_allclose(out.astype(jnp.float32), ref, atol=3e-2)
+  g = jax.grad(lambda q: jnp.sum(_core(q, k, v).astype(jnp.float32)))(q)
+  assert g.dtype == jnp.bfloat16 and bool(jnp.all(jnp.isfinite(g)))
+
+
+@pytest.mark.parametrize("impl", ["matmul", "xla"])
+def test_model_logits_and_grads_do_not_depend_on_impl(impl):
+  kw = dict(num_layers=2, num_classes=4)
+  ref_model = models.get_model("vit_ti_16", attention_impl="xla", **kw)
+  model = models.get_model("vit_ti_16", attention_impl=impl, **kw)
+  variables = models.init_params(ref_model, 32)
+  variables = jax.tree_util.tree_map(
+      lambda a: a + 0.05 * jnp.cos(jnp.arange(a.size).reshape(a.shape)),
+      variables)
+  x = jax.random.normal(jax.random.key(1), (2, 32, 32, 3))
+  np.testing.assert_allclose(model.apply(variables, x),
+                             ref_model.apply(variables, x),
+                             rtol=1e-5, atol=1e-5)
+  loss = lambda m: lambda p: jnp.sum(m.apply({"params": p}, x) ** 2)
+  g = jax.grad(loss(model))(variables["params"])
+  g_ref = jax.grad(loss(ref_model))(variables["params"])
+  for a, b in zip(jax.tree_util.tree_leaves(g), jax.tree_util.tree_leaves(g_ref)):
+    np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-5)
+
+
+def test_sown_weights_and_attention_dropout_still_work():
+  model = models.get_model("vit_ti_16", num_layers=1, num_classes=3,
+                           sow_attention_weights=True,
+                           attention_dropout_rate=0.5)
+  variables = jax.tree_util.tree_map(lambda a: a + 0.1,
+                                     models.init_params(model, 32))
+  x = jax.random.normal(jax.random.key(2), (2, 32, 32, 3))
+  _, state = model.apply(variables, x, mutable=["intermediates"])
+  leaves = jax.tree_util.tree_leaves_with_path(state)
+  weights = [a for p, a in leaves if "attention_weights" in jax.tree_util.keystr(p)]
+  assert weights and weights[0].shape == (2, 3, 5, 5)
+  np.testing.assert_allclose(jnp.sum(weights[0], -1), 1.0, rtol=1e-5)
+  a = model.apply(variables, x, train=True, rngs={"dropout": jax.random.key(0)})
+  b = model.apply(variables, x, train=True, rngs={"dropout": jax.random.key(1)})
+  assert not np.allclose(a, b)
