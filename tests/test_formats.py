@@ -146,6 +146,14 @@ def test_timm_features_we_lack_are_named(kw, what):
     formats.from_timm(sd)
 
 
+def test_timm_model_of_another_architecture_is_named_as_such():
+  sd = timm.create_model("swin_tiny_patch4_window7_224", pretrained=False,
+                         depths=(1, 1, 1, 1)).state_dict()
+  with pytest.raises(ValueError, match=r"Not a timm VisionTransformer.*"
+                     r"layers\.0\.blocks\.0.*another architecture"):
+    formats.from_timm(sd)
+
+
 def test_timm_missing_and_misshaped_keys_are_listed():
   sd = random_timm().state_dict()
   del sd["blocks.1.mlp.fc2.bias"]

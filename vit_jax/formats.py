@@ -111,8 +111,20 @@ def timm_to_params(state_dict, *, num_heads: Optional[int] = None):
   (plus ``image_size``).
   """
   sd = _normalise_timm(state_dict)
-  bad = sorted({f"{k} ({what})" for k in sd for pat, what in
-                _TIMM_UNSUPPORTED.items() if pat in k or k.startswith(pat)})
+  bad, unknown = set(), []
+  for k in sd:
+    what = [w for pat, w in _TIMM_UNSUPPORTED.items() if pat in k]
+    m = _TIMM_BLOCK.match(k)
+    if what:
+      bad.add(f"{k} ({what[0]})")
+    elif not (k in _TIMM_TOP_KEYS or (m and m.group(2) in _TIMM_BLOCK_KEYS)):
+      unknown.append(k)
+  if unknown:
+    raise ValueError(
+        f"Not a timm VisionTransformer state dict: {len(unknown)} of its "
+        f"{len(sd)} keys are no ViT parameter, e.g. {unknown[:5]}. Is it "
+        f"another architecture (Swin, BEiT, EVA, ConvNeXt...)?")
+  bad = sorted(bad)
   if bad:
     raise ValueError(
         "This timm checkpoint uses features vit_jax's VisionTransformer does "
