@@ -15,6 +15,7 @@ from typing import Any, Optional, Tuple
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
+from jax import lax
 import numpy as np
 
 Dtype = Any
@@ -22,10 +23,18 @@ Dtype = Any
 _KERNEL_INIT = nn.initializers.xavier_uniform()
 _BIAS_INIT = nn.initializers.normal(stddev=1e-6)
 _LN_EPS = 1e-6
+_SQRT1_2 = 1.0 / math.sqrt(2.0)
 
 
 def _gelu(x):
-  return nn.gelu(x, approximate=False)
+  """Exact (erf) GELU, written as torch computes it: x/2 * (1 + erf(x/sqrt2)).
+
+  The same function as ``nn.gelu(x, approximate=False)``, which goes through
+  ``erfc`` (an exp plus polynomials per element on XLA:CPU); ``erf`` is one
+  rational polynomial, which makes the MLP block ~10% faster on CPU, forward
+  and backward (bench/README.md), and follows torchvision's formula.
+  """
+  return x * 0.5 * (1.0 + lax.erf(x * _SQRT1_2))
 
 
 def _drop_path(module: nn.Module, x, rate, deterministic: bool):
