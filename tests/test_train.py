@@ -82,12 +82,14 @@ def test_tiny_run_writes_everything_and_loads_for_inference(tmp_path):
   assert metric_rows(tmp_path) == rows
 
 
-def test_scanned_bf16_grad_accum_run_loads_unscanned(tmp_path):
+def test_scanned_bf16_grad_accum_augmented_run_loads_unscanned(tmp_path):
   cfg = tiny_config(total_steps=2, eval_every=2, checkpoint_every=2,
-                    grad_accum_steps=2, **{"model.scan_layers": True,
-                                           "model.num_layers": 2,
-                                           "model.dtype": "bfloat16",
-                                           "model.remat_policy": "full"})
+                    grad_accum_steps=2, label_smoothing=0.1,
+                    **{"model.scan_layers": True, "model.num_layers": 2,
+                       "model.dtype": "bfloat16", "model.remat_policy": "full",
+                       "model.dropout_rate": 0.1, "model.drop_path_rate": 0.1,
+                       "pp.mixup_alpha": 0.2, "pp.randaugment_layers": 2,
+                       "pp.crop": "inception", "pp.flip": True})
   out = _train(cfg, tmp_path)
   assert np.isfinite(out["train_loss"]) and out["eval_accuracy"] >= 0
   state = out["state"]

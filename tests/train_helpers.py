@@ -25,6 +25,10 @@ if REPO not in sys.path:
   sys.path.insert(0, REPO)
 
 _DATA_DIR = None
+# Subprocesses share a persistent XLA compilation cache: the runs of one test
+# compile the same programs (it also makes no difference to the numbers).
+_JAX_CACHE = tempfile.mkdtemp(prefix="vit_jax_xla_cache_")
+atexit.register(shutil.rmtree, _JAX_CACHE, ignore_errors=True)
 # Keys of metrics.jsonl rows that depend on wall time, not on the numbers.
 TIMING_KEYS = {"img_per_sec", "eval_seconds", "time"}
 
@@ -97,6 +101,8 @@ def env(devices: int = 1) -> dict:
   e["PYTHONPATH"] = REPO + os.pathsep + e.get("PYTHONPATH", "")
   e["XLA_FLAGS"] = f"--xla_force_host_platform_device_count={devices}"
   e["TF_CPP_MIN_LOG_LEVEL"] = "2"
+  e["JAX_COMPILATION_CACHE_DIR"] = _JAX_CACHE
+  e["JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS"] = "0"
   e.setdefault("JAX_PLATFORMS", "cpu")
   return e
 

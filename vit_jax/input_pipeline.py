@@ -404,12 +404,14 @@ def eval_dataset(config, src: DataSource, *, local_batch: int,
 def normalization(config, init_preprocessing=None):
   """(mean, std) in [0, 1] pixel units: the config's, else the initial
   weights' (torchvision: ImageNet statistics), else 0.5 / 0.5."""
-  if config.pp.mean is not None and config.pp.std is not None:
-    mean, std = tuple(config.pp.mean), tuple(config.pp.std)
-  elif init_preprocessing is not None:
+  if init_preprocessing is not None:
     mean, std = tuple(init_preprocessing.mean), tuple(init_preprocessing.std)
   else:
     mean, std = HALF, HALF
+  if config.pp.mean is not None:
+    mean = tuple(config.pp.mean)
+  if config.pp.std is not None:
+    std = tuple(config.pp.std)
   for what, v in (("mean", mean), ("std", std)):
     if len(v) != 3 or not all(0.0 <= float(x) <= 1.0 for x in v):
       raise ValueError(f"config.pp.{what}={v}: expected 3 floats in [0, 1] "

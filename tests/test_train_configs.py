@@ -1,0 +1,119 @@
+"""Configs and optimizer pieces: every recipe loads and documents its command,
+parameter strings, locked overrides, warmup clamping, schedules, weight decay."""
+
+import importlib
+
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from ml_collections import config_flags
+
+import train_helpers  # noqa: F401  (repo on sys.path)
+from vit_jax import optim
+
+RECIPES = ["digits", "b16", "ti16", "s16", "l16", "h14"]
+
+
+@pytest.mark.parametrize("name", RECIPES)
+def test_recipe_loads_and_documents_its_command(name):
+  mod = importlib.import_module(f"configs.{name}")
+  assert mod.__doc__.strip().startswith(
+      f"python train.py --config configs/{name}.py"), mod.__doc__[:200]
+  assert "xpect" in mod.__doc__  # "Expect ..." / "Expected ...": the result
+  c = mod.get_config()
+  assert c.total_steps > 0 and c.batch_size > 0
+  assert c.model_name.startswith("vit_")
+
+
+def test_b16_parameter_string():
+  from configs import b16
+  c = b16.get_config()
+  assert (c.dataset, c.image_size, c.init_weights) == ("cifar10", 224,
+                                                       "IMAGENET1K_V1")
+  assert (c.optimizer, c.momentum, c.grad_clip_norm, c.batch_size) == (
+      "sgd", 0.9, 1.0, 512)
+  assert c.schedule == "cosine" and c.warmup_steps == 500
+  assert c.model.dtype == "bfloat16"
+  c = b16.get_config("cifar100,384")
+  assert (c.dataset, c.image_size) == ("cifar100", 384)
+  c = b16.get_config("imagenet2012")
+  assert c.eval_split == "validation" and c.total_steps == 20_000
+  c = b16.get_config("cifar10,scratch")
+  assert c.init_weights == "" and c.optimizer == "adamw"
+  assert c.pp.randaugment_layers == 2 and c.pp.mixup_alpha > 0
+  from configs import h14, l16, ti16
+  assert ti16.get_config().init_weights == ""  # no torchvision Ti weights
+  assert l16.get_config().fsdp == -1 and h14.get_config().model.scan_layers
+
+
+def test_config_file_flag_with_argument_and_locked_overrides():
+  from absl import flags
+
+  def parse(*args):
+    argv = ["prog", *args]
+    fv = flags.FlagValues()
+    config_flags.DEFINE_config_file("config", flag_values=fv,
+                                    lock_config=True, sys_argv=argv)
+    fv(argv)
+    return fv.config
+
+  c = parse(f"--config={train_helpers.REPO}/configs/b16.py:cifar100,384",
+            "--config.total_steps=20", "--config.pp.flip=False")
+  assert (c.dataset, c.image_size, c.total_steps, c.pp.flip) == (
+      "cifar100", 384, 20, False)
+  with pytest.raises(Exception, match="totl_steps"):
+    parse(f"--config={train_helpers.REPO}/configs/digits.py",
+          "--config.totl_steps=20")
+  with pytest.raises(Exception):  # locked: no new fields
+    c.new_field = 1
+
+
+def test_overriding_total_steps_alone_clamps_warmup():
+  from configs import b16
+  c = b16.get_config()
+  assert optim.warmup_steps(c) == 500
+  c.total_steps = 20
+  assert optim.warmup_steps(c) == 2
+  lrs = np.array([float(optim.make_schedule(c)(s)) for s in range(20)])
+  assert lrs[0] == pytest.approx(0.005) and lrs[1] == pytest.approx(0.01)
+  assert np.all(np.diff(lrs[1:]) <= 0) and lrs[-1] < 1e-3
+  c.total_steps = 3
+  assert optim.warmup_steps(c) == 0
+
+
+@pytest.mark.parametrize("schedule,mid", [("cosine", 0.5), ("linear", 0.5),
+                                          ("constant", 1.0)])
+def test_schedules(schedule, mid):
+  from configs import digits
+  c = digits.get_config()
+  c.update(dict(schedule=schedule, learning_rate=1.0, warmup_steps=10,
+                total_steps=110))
+  f = optim.make_schedule(c)
+  np.testing.assert_allclose([float(f(s)) for s in (0, 4, 9)], [0.1, 0.5, 1.0],
+                             rtol=1e-6)
+  assert float(f(60)) == pytest.approx(mid, abs=1e-6)
+
+
+def test_weight_decay_only_on_kernels():
+  params = {"embedding": {"kernel": jnp.ones((2, 2)), "bias": jnp.ones(2)},
+            "cls": jnp.ones((1, 1, 2)),
+            "Transformer": {"posembed_input": {"pos_embedding": jnp.ones((1, 3, 2))},
+                            "encoder_norm": {"scale": jnp.ones(2)}}}
+  mask = optim.decay_mask(params)
+  assert mask["embedding"] == {"kernel": True, "bias": False}
+  assert not mask["cls"] and not mask["Transformer"]["posembed_input"]["pos_embedding"]
+  from configs import digits
+  c = digits.get_config()
+  c.update(dict(optimizer="sgd", weight_decay=0.5, learning_rate=1.0,
+                warmup_steps=0, momentum=0.0, grad_clip_norm=0.0))
+  tx = optim.make_optimizer(c)
+  zeros = {k: v for k, v in params.items()}
+  grads = jax_tree_zeros(zeros)
+  updates, _ = tx.update(grads, tx.init(params), params)
+  assert float(updates["embedding"]["kernel"][0, 0]) == pytest.approx(-0.5)
+  assert float(updates["embedding"]["bias"][0]) == 0.0
+
+
+def jax_tree_zeros(tree):
+  import jax
+  return jax.tree_util.tree_map(jnp.zeros_like, tree)
