@@ -1,11 +1,14 @@
 """Two local processes (jax.distributed on 127.0.0.1, gloo collectives, two
-CPU devices each) train together through train.py's multi-process flags and
-end with identical parameters; evaluation counts every example once."""
+CPU devices each) train together through train.py's multi-process flags: a
+SIGTERM to one of them stops both at the same step with a checkpoint, the
+restarted pair resumes from it, and both end with identical parameters;
+evaluation counts every example once."""
 
 import json
-import os
+import signal
 import socket
 import subprocess
+import time
 
 import numpy as np
 
@@ -32,8 +35,9 @@ out = train_lib.train_and_evaluate(train._CONFIG.value, workdir)
 flat = {jax.tree_util.keystr(k): np.asarray(v.addressable_data(0))
         for k, v in jax.tree_util.tree_leaves_with_path(out["state"].params)}
 np.savez(os.path.join(workdir, f"params_{pid}.npz"), **flat)
-print(json.dumps({"eval_accuracy": out["eval_accuracy"],
-                  "train_loss": out["train_loss"]}))
+print(json.dumps({"step": out["step"], "preempted": out["preempted"],
+                  "eval_accuracy": out.get("eval_accuracy"),
+                  "train_loss": out.get("train_loss")}))
 """
 
 
@@ -43,14 +47,16 @@ def _free_port():
     return s.getsockname()[1]
 
 
-def test_two_processes_train_together(tmp_path):
-  overrides = tiny_overrides(total_steps=4, eval_every=4, checkpoint_every=4)
+def _launch(tmp_path, overrides):
   port = _free_port()
-  procs = [subprocess.Popen(
+  return [subprocess.Popen(
       [PYTHON, "-c", _WORKER, str(i), str(port), str(tmp_path),
        json.dumps(overrides)], cwd=REPO, env=env(devices=2),
       stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
       for i in range(2)]
+
+
+def _finish(procs):
   outs = []
   for p in procs:
     try:
@@ -61,24 +67,56 @@ def test_two_processes_train_together(tmp_path):
       raise
     assert p.returncode == 0, err[-4000:]
     outs.append(json.loads(out.strip().splitlines()[-1]))
-  assert outs[0] == outs[1]
+  return outs
 
+
+def _logged_step(workdir):
+  try:
+    rows = [json.loads(x) for x in open(workdir / "metrics.jsonl")]
+  except (FileNotFoundError, json.JSONDecodeError):
+    return 0
+  return max([r["step"] for r in rows if "train_loss" in r] or [0])
+
+
+def test_two_processes_train_together(tmp_path):
+  total = 120
+  overrides = tiny_overrides(total_steps=total, log_every=10, eval_every=60,
+                             checkpoint_every=20)
+  procs = _launch(tmp_path, overrides)
+  t0 = time.time()
+  while _logged_step(tmp_path) < 30:
+    assert all(p.poll() is None for p in procs), [p.communicate() for p in procs]
+    assert time.time() - t0 < 300, "timed out"
+    time.sleep(0.05)
+  procs[1].send_signal(signal.SIGTERM)  # preempt the non-primary process
+  first = _finish(procs)
+  assert first[0]["preempted"] and first[1]["preempted"]
+  stop = first[0]["step"]
+  assert stop == first[1]["step"] and 30 <= stop < total, first
+  from vit_jax import checkpoint
+  assert checkpoint.CheckpointManager(
+      str(tmp_path / "checkpoints"), read_only=True).latest_step() == stop
+
+  outs = _finish(_launch(tmp_path, overrides))  # resume, run to the end
+  assert outs[0] == outs[1] and outs[0]["step"] == total
   a = np.load(tmp_path / "params_0.npz")
   b = np.load(tmp_path / "params_1.npz")
   assert sorted(a.files) == sorted(b.files) and len(a.files) > 10
   for k in a.files:
     np.testing.assert_array_equal(a[k], b[k], err_msg=k)
 
-  (facts,) = start_rows(tmp_path)  # process 0 alone writes metrics.jsonl
+  starts = start_rows(tmp_path)  # process 0 alone writes metrics.jsonl
+  assert [r["resumed_from_step"] for r in starts] == [None, stop]
+  facts = starts[0]
   assert facts["num_processes"] == 2 and facts["num_devices"] == 4
   assert facts["local_batch_size"] == 8 and facts["global_batch_size"] == 16
   rows = [json.loads(x) for x in open(tmp_path / "metrics.jsonl")]
-  (ev,) = [r for r in rows if "eval_loss" in r]
-  assert ev["eval_examples"] == 359 and ev["eval_accuracy"] == outs[0]["eval_accuracy"]
+  evals = [r for r in rows if "eval_loss" in r]
+  assert [r["step"] for r in evals] == [60, 120]
+  assert all(r["eval_examples"] == 359 for r in evals)
+  assert evals[-1]["eval_accuracy"] == outs[0]["eval_accuracy"]
   # The shared checkpoint holds the same parameters.
-  from vit_jax import checkpoint
   _, variables, info = checkpoint.load_for_inference(str(tmp_path))
-  assert info["step"] == 4
-  k = "['head']['kernel']"
-  np.testing.assert_array_equal(variables["params"]["head"]["kernel"], a[k])
-  assert os.path.isdir(tmp_path / "checkpoints" / "4")
+  assert info["step"] == total
+  np.testing.assert_array_equal(variables["params"]["head"]["kernel"],
+                                a["['head']['kernel']"])

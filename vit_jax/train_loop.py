@@ -27,17 +27,30 @@ from vit_jax import checkpoint, input_pipeline, metrics, optim, train_lib
 
 
 class _Preemption:
-  """Turns SIGTERM into a flag checked once per step (all processes agree)."""
+  """SIGTERM -> save a checkpoint and stop, at the same step on every process.
+
+  One process: a Python SIGTERM handler sets a flag checked once per step.
+  Several processes: JAX's preemption service (started by
+  ``jax.distributed.initialize``) catches SIGTERM on any of them and agrees
+  on a step (``multihost_utils.reached_preemption_sync_point``); without the
+  service, the processes all-gather their flags every step.
+  """
 
   def __init__(self):
     self.flag = False
     self._old = None
+    self._service = False
 
   def __enter__(self):
-    try:
-      self._old = signal.signal(signal.SIGTERM, self._handle)
-    except ValueError:  # not the main thread: no handler, never preempted
-      self._old = None
+    if jax.process_count() > 1:
+      from jax._src import distributed  # pylint: disable=import-outside-toplevel
+      self._service = (
+          distributed.global_state.preemption_sync_manager is not None)
+    if not self._service:
+      try:
+        self._old = signal.signal(signal.SIGTERM, self._handle)
+      except ValueError:  # not the main thread: no handler, never preempted
+        self._old = None
     return self
 
   def _handle(self, signum, frame):
@@ -48,10 +61,12 @@ class _Preemption:
     if self._old is not None:
       signal.signal(signal.SIGTERM, self._old)
 
-  def requested(self) -> bool:
+  def requested(self, step: int) -> bool:
     if jax.process_count() == 1:
       return self.flag
     from jax.experimental import multihost_utils  # pylint: disable=import-outside-toplevel
+    if self._service:
+      return bool(multihost_utils.reached_preemption_sync_point(step))
     flags = multihost_utils.process_allgather(np.int32(self.flag))
     return bool(np.any(flags))
 
@@ -270,7 +285,7 @@ def train_and_evaluate(config, workdir: str, *,
         jax.block_until_ready(state.step)
         progress.restart(step)
       is_last = step == total
-      preempted = preemption.requested()
+      preempted = preemption.requested(step)
       # A preempted run saves its loss sums unlogged, so the resumed run logs
       # the very windows (and numbers) of an uninterrupted one.
       is_log = step % int(config.log_every) == 0 or is_last
