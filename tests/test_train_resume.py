@@ -1,7 +1,8 @@
 """Kill-and-resume through ``train.py``: a run SIGKILLed after a checkpoint,
 resumed, SIGTERMed (which saves and exits cleanly), and resumed again ends
 with exactly the metrics.jsonl numbers of an uninterrupted run. A
-half-written checkpoint left in the directory is never loaded."""
+half-written checkpoint left in the directory is never loaded. Every run
+compiles afresh (no shared compilation cache), as a real restart would."""
 
 import os
 import re
@@ -30,7 +31,8 @@ def _complete_steps(workdir):
 
 def _start(workdir):
   return subprocess.Popen(train_cmd(str(workdir), _overrides()), cwd=REPO,
-                          env=env(1), stdout=subprocess.PIPE,
+                          env=env(1, compile_cache=False),
+                          stdout=subprocess.PIPE,
                           stderr=subprocess.PIPE, text=True)
 
 
@@ -54,7 +56,7 @@ def _max_step(workdir):
 
 def test_killed_and_preempted_runs_resume_exactly(tmp_path):
   ref, work = tmp_path / "ref", tmp_path / "work"
-  run(train_cmd(str(ref), _overrides()), timeout=600)
+  run(train_cmd(str(ref), _overrides()), timeout=600, compile_cache=False)
   expected = metric_rows(ref)
   assert sorted(expected)[-1] == TOTAL and len(expected) == TOTAL // 10
 
@@ -86,7 +88,7 @@ def test_killed_and_preempted_runs_resume_exactly(tmp_path):
   assert not os.path.exists(junk)  # cleaned up, never loaded
 
   # 3. Resume to the end.
-  run(train_cmd(str(work), _overrides()), timeout=600)
+  run(train_cmd(str(work), _overrides()), timeout=600, compile_cache=False)
   starts = [r["resumed_from_step"] for r in start_rows(work)]
   assert starts == [None, killed_at, term_at]
   got = metric_rows(work)

@@ -96,13 +96,16 @@ def cli_flags(overrides: dict) -> list:
   return out
 
 
-def env(devices: int = 1) -> dict:
+def env(devices: int = 1, compile_cache: bool = True) -> dict:
   e = dict(os.environ)
   e["PYTHONPATH"] = REPO + os.pathsep + e.get("PYTHONPATH", "")
   e["XLA_FLAGS"] = f"--xla_force_host_platform_device_count={devices}"
   e["TF_CPP_MIN_LOG_LEVEL"] = "2"
-  e["JAX_COMPILATION_CACHE_DIR"] = _JAX_CACHE
-  e["JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS"] = "0"
+  if compile_cache:
+    e["JAX_COMPILATION_CACHE_DIR"] = _JAX_CACHE
+    e["JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS"] = "0"
+  else:
+    e.pop("JAX_COMPILATION_CACHE_DIR", None)
   e.setdefault("JAX_PLATFORMS", "cpu")
   return e
 
@@ -112,9 +115,10 @@ def train_cmd(workdir: str, overrides: dict, config: str = "configs/digits.py"):
           f"--workdir={workdir}"] + cli_flags(overrides)
 
 
-def run(cmd, devices: int = 1, timeout: float = 300, check: bool = True):
-  p = subprocess.run(cmd, cwd=REPO, env=env(devices), capture_output=True,
-                     text=True, timeout=timeout)
+def run(cmd, devices: int = 1, timeout: float = 300, check: bool = True,
+        compile_cache: bool = True):
+  p = subprocess.run(cmd, cwd=REPO, env=env(devices, compile_cache),
+                     capture_output=True, text=True, timeout=timeout)
   if check and p.returncode != 0:
     raise AssertionError(f"{cmd} failed ({p.returncode}):\n{p.stdout[-3000:]}"
                          f"\n{p.stderr[-5000:]}")
