@@ -147,6 +147,15 @@ def test_finetune_starts_from_converted_torchvision_weights(tmp_path):
   jax.tree_util.tree_map(np.testing.assert_array_equal, got_p, ref_p)
 
 
+def test_released_weights_offline_fail_fast(tmp_path, monkeypatch):
+  import torch
+  monkeypatch.setattr(input_pipeline, "_online", lambda *a, **k: False)
+  monkeypatch.setattr(torch.hub, "get_dir", lambda: str(tmp_path))
+  with pytest.raises(FileNotFoundError, match=r"not cached at .*vit_b_16-"
+                     r".*download.pytorch.org cannot be reached.*init_weights"):
+    train_lib._torchvision_state_dict("vit_b_16", "IMAGENET1K_V1")
+
+
 def test_finetune_bad_weights(tmp_path):
   with pytest.raises(FileNotFoundError, match="no such file"):
     _train(tiny_config(**_finetune_overrides(tmp_path / "missing.pth")),

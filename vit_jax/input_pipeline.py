@@ -136,7 +136,7 @@ def get_builder(dataset: str, data_dir: Optional[str] = None,
     if not builder.is_prepared():
       builder.download_and_prepare()  # mock_data: a no-op
     return builder
-  where = data_dir or os.path.dirname(os.path.dirname(builder.data_dir))
+  where = data_dir or str(builder.data_dir_root)
   if builder.name in LOCAL_BUILDERS:
     builder.download_and_prepare()
     return builder

@@ -20,6 +20,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import os
+import urllib.parse
 from typing import Any, Dict, Optional, Sequence, Tuple
 
 import flax
@@ -181,11 +182,13 @@ def _torchvision_state_dict(model_name: str, weights: str):
                         os.path.basename(enum.url))
   if not os.path.exists(cached):
     from vit_jax import input_pipeline  # pylint: disable=import-outside-toplevel
-    if not input_pipeline._online():  # pylint: disable=protected-access
+    host = urllib.parse.urlparse(enum.url).hostname
+    if not input_pipeline._online(host):  # pylint: disable=protected-access
       raise FileNotFoundError(
           f"torchvision weights {enum_name}.{weights} are not cached at "
-          f"{cached!r} and this machine is offline. Download {enum.url} "
-          f"to that path, or set --config.init_weights=/path/to/weights.pth.")
+          f"{cached!r} and {host} cannot be reached (offline?). Download "
+          f"{enum.url} to that path, or set "
+          f"--config.init_weights=/path/to/weights.pth.")
   return weights
 
 
