@@ -72,10 +72,61 @@ class _Projection(nn.Module):
     return kernel, bias
 
 
+def _is_low_precision(*xs) -> bool:
+  return all(x.dtype in (jnp.bfloat16, jnp.float16) for x in xs)
+
+
+@jax.custom_vjp
+def _matmul_f32_acc(x, w):
+  """x (..., K) @ w (K, N) for bfloat16/float16 operands, accumulated and
+  returned as float32: the forward and both backward GEMMs.
+
+  XLA:CPU runs a bf16 x bf16 -> bf16 dot at float32 speed, but a
+  bf16 x bf16 -> f32 one (``preferred_element_type=float32``) with the
+  AVX512-BF16 dot instructions, about twice as fast (bench/README.md). The
+  result is rounded once, so it is as accurate as the plain bf16 dot."""
+  return jnp.matmul(x, w, preferred_element_type=jnp.float32)
+
+
+def _matmul_f32_acc_fwd(x, w):
+  return _matmul_f32_acc(x, w), (x, w)
+
+
+def _matmul_f32_acc_bwd(res, g):
+  x, w = res
+  g = g.astype(x.dtype)
+  dx = jnp.matmul(g, w.T, preferred_element_type=jnp.float32)
+  x2, g2 = x.reshape(-1, x.shape[-1]), g.reshape(-1, g.shape[-1])
+  dw = jnp.matmul(x2.T, g2, preferred_element_type=jnp.float32)
+  return dx.astype(x.dtype), dw.astype(w.dtype)
+
+
+_matmul_f32_acc.defvjp(_matmul_f32_acc_fwd, _matmul_f32_acc_bwd)
+
+
+def _matmul(x, w):
+  """x (..., K) @ w (K, N) in x's dtype; see ``_matmul_f32_acc``."""
+  if _is_low_precision(x, w):
+    return _matmul_f32_acc(x, w).astype(x.dtype)
+  return x @ w
+
+
+def _dense_dot_general(lhs, rhs, dimension_numbers, precision=None,
+                       preferred_element_type=None):
+  """``nn.Dense``'s dot_general, through ``_matmul`` for bf16/f16."""
+  (lc, rc), (lb, rb) = dimension_numbers
+  if (_is_low_precision(lhs, rhs) and preferred_element_type is None
+      and precision is None and rhs.ndim == 2 and tuple(lc) == (lhs.ndim - 1,)
+      and tuple(rc) == (0,) and not lb and not rb):
+    return _matmul(lhs, rhs)
+  return lax.dot_general(lhs, rhs, dimension_numbers, precision=precision,
+                         preferred_element_type=preferred_element_type)
+
+
 def _project(x2d, kernel, bias):
   """(M, K) @ DenseGeneral kernel (K as one or more leading axes, ...) +
   bias -> (M, prod(...)): one plain 2-D GEMM, no transposes around it."""
-  return x2d @ kernel.reshape(x2d.shape[-1], -1) + bias.reshape(-1)
+  return _matmul(x2d, kernel.reshape(x2d.shape[-1], -1)) + bias.reshape(-1)
 
 
 def _head_major(x):
@@ -127,15 +178,16 @@ def _attention_core_bwd(scale, res, do):
   qh, kh, vh, e, inv_l, o = res
   f32 = jnp.float32
   # p = e * inv_l is never materialised: 1/l is folded into (N, hd) terms.
+  # Every product accumulates in float32 (the fast bf16 path on CPU).
   dv = jnp.einsum("bhqk,bhqd->bhkd", e.astype(do.dtype),
-                  (do * inv_l).astype(do.dtype))
+                  (do * inv_l).astype(do.dtype), preferred_element_type=f32)
   dp = jnp.einsum("bhqd,bhkd->bhqk", do, vh, preferred_element_type=f32)
   # rowsum(dp * p) == rowsum(do * o): softmax's Jacobian-vector product.
   delta = jnp.sum(do.astype(f32) * o.astype(f32), axis=-1, keepdims=True)
   ds = (e * ((dp - delta) * (inv_l * scale))).astype(qh.dtype)
-  dq = jnp.einsum("bhqk,bhkd->bhqd", ds, kh)
-  dk = jnp.einsum("bhqk,bhqd->bhkd", ds, qh)
-  return dq, dk, dv
+  dq = jnp.einsum("bhqk,bhkd->bhqd", ds, kh, preferred_element_type=f32)
+  dk = jnp.einsum("bhqk,bhqd->bhkd", ds, qh, preferred_element_type=f32)
+  return dq.astype(qh.dtype), dk.astype(kh.dtype), dv.astype(vh.dtype)
 
 
 _attention_core.defvjp(_attention_core_fwd, _attention_core_bwd)
@@ -222,7 +274,8 @@ class MlpBlock(nn.Module):
   def __call__(self, x):
     dense = functools.partial(nn.Dense, dtype=self.dtype,
                               param_dtype=self.param_dtype,
-                              kernel_init=_KERNEL_INIT, bias_init=_BIAS_INIT)
+                              kernel_init=_KERNEL_INIT, bias_init=_BIAS_INIT,
+                              dot_general=_dense_dot_general)
     d = x.shape[-1]
     x = dense(self.mlp_dim)(x)
     x = _gelu(x)

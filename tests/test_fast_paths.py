@@ -1,5 +1,6 @@
-"""The CPU attention path ('matmul', hand-written backward) computes the same
-function and the same gradients as jax.nn.dot_product_attention."""
+"""CPU fast paths compute the same functions: the attention core ('matmul',
+hand-written backward) as jax.nn.dot_product_attention, and the bfloat16
+matmuls with float32 accumulation as plain ones."""
 
 import jax
 import jax.numpy as jnp
@@ -80,3 +81,48 @@ def test_sown_weights_and_attention_dropout_still_work():
   a = model.apply(variables, x, train=True, rngs={"dropout": jax.random.key(0)})
   b = model.apply(variables, x, train=True, rngs={"dropout": jax.random.key(1)})
   assert not np.allclose(a, b)
+
+
+def test_low_precision_matmul_accumulates_in_float32_forward_and_backward():
+  kx, kw, kg = jax.random.split(jax.random.key(3), 3)
+  x = jax.random.normal(kx, (2, 5, 64), jnp.bfloat16)
+  w = jax.random.normal(kw, (64, 32), jnp.bfloat16)
+  g = jax.random.normal(kg, (2, 5, 32), jnp.bfloat16)
+  f32 = lambda t: t.astype(jnp.float32)
+  y, vjp = jax.vjp(layers._matmul, x, w)  # pylint: disable=protected-access
+  assert y.dtype == jnp.bfloat16
+  np.testing.assert_allclose(f32(y), (f32(x) @ f32(w)).astype(jnp.bfloat16)
+                             .astype(jnp.float32), rtol=1e-2, atol=1e-2)
+  dx, dw = vjp(g)
+  assert dx.dtype == dw.dtype == jnp.bfloat16
+  np.testing.assert_allclose(f32(dx), f32(g) @ f32(w).T, rtol=2e-2, atol=5e-2)
+  np.testing.assert_allclose(
+      f32(dw), f32(x).reshape(-1, 64).T @ f32(g).reshape(-1, 32),
+      rtol=2e-2, atol=5e-2)
+  # float32 operands take the plain path.
+  assert layers._matmul(f32(x), f32(w)).dtype == jnp.float32  # pylint: disable=protected-access
+
+
+def test_bfloat16_model_stays_close_to_float32():
+  kw = dict(num_layers=2, num_classes=4)
+  m32 = models.get_model("vit_ti_16", **kw)
+  m16 = models.get_model("vit_ti_16", dtype=jnp.bfloat16, **kw)
+  variables = jax.tree_util.tree_map(
+      lambda a: a + 0.05 * jnp.cos(jnp.arange(a.size).reshape(a.shape)),
+      models.init_params(m32, 32))
+  x = jax.random.normal(jax.random.key(4), (2, 32, 32, 3))
+  out = m16.apply(variables, x)
+  assert out.dtype == jnp.bfloat16
+  np.testing.assert_allclose(out.astype(jnp.float32), m32.apply(variables, x),
+                             atol=5e-2)
+  loss = lambda m: lambda p: jnp.sum(
+      m.apply({"params": p}, x).astype(jnp.float32) ** 2)
+  g16 = jax.grad(loss(m16))(variables["params"])
+  g32 = jax.grad(loss(m32))(variables["params"])
+  scale = max(float(jnp.abs(b).max()) for b in jax.tree_util.tree_leaves(g32))
+  for a, b in zip(jax.tree_util.tree_leaves(g16), jax.tree_util.tree_leaves(g32)):
+    assert a.dtype == jnp.float32
+    # bf16 noise relative to the leaf's size (the key bias's true gradient
+    # is zero: softmax ignores it, so there only the noise floor is checked).
+    tol = 0.05 * max(float(jnp.abs(b).max()), 1e-2 * scale)
+    np.testing.assert_allclose(a, b, atol=tol)
