@@ -83,24 +83,31 @@ def test_sown_weights_and_attention_dropout_still_work():
   assert not np.allclose(a, b)
 
 
-def test_low_precision_matmul_accumulates_in_float32_forward_and_backward():
-  kx, kw, kg = jax.random.split(jax.random.key(3), 3)
+def test_low_precision_dense_accumulates_in_float32_forward_and_backward():
+  kx, kw, kb, kg = jax.random.split(jax.random.key(3), 4)
   x = jax.random.normal(kx, (2, 5, 64), jnp.bfloat16)
-  w = jax.random.normal(kw, (64, 32), jnp.bfloat16)
+  w = jax.random.normal(kw, (64, 32), jnp.float32)   # float32 parameters
+  b = jax.random.normal(kb, (32,), jnp.float32)
   g = jax.random.normal(kg, (2, 5, 32), jnp.bfloat16)
   f32 = lambda t: t.astype(jnp.float32)
-  y, vjp = jax.vjp(layers._matmul, x, w)  # pylint: disable=protected-access
+  w16 = f32(w.astype(jnp.bfloat16))  # what the bf16 GEMM sees
+  dense = layers._dense  # pylint: disable=protected-access
+  y, vjp = jax.vjp(dense, x, w, b)
   assert y.dtype == jnp.bfloat16
-  np.testing.assert_allclose(f32(y), (f32(x) @ f32(w)).astype(jnp.bfloat16)
-                             .astype(jnp.float32), rtol=1e-2, atol=1e-2)
-  dx, dw = vjp(g)
-  assert dx.dtype == dw.dtype == jnp.bfloat16
-  np.testing.assert_allclose(f32(dx), f32(g) @ f32(w).T, rtol=2e-2, atol=5e-2)
+  np.testing.assert_allclose(f32(y), f32(x) @ w16 + b, rtol=1e-2, atol=3e-2)
+  dx, dw, db = vjp(g)
+  assert dx.dtype == jnp.bfloat16
+  assert dw.dtype == db.dtype == jnp.float32  # no bf16 rounding of grads
+  np.testing.assert_allclose(f32(dx), f32(g) @ w16.T, rtol=2e-2, atol=5e-2)
   np.testing.assert_allclose(
-      f32(dw), f32(x).reshape(-1, 64).T @ f32(g).reshape(-1, 32),
-      rtol=2e-2, atol=5e-2)
-  # float32 operands take the plain path.
-  assert layers._matmul(f32(x), f32(w)).dtype == jnp.float32  # pylint: disable=protected-access
+      dw, f32(x).reshape(-1, 64).T @ f32(g).reshape(-1, 32), rtol=1e-5,
+      atol=1e-4)
+  np.testing.assert_allclose(db, f32(g).reshape(-1, 32).sum(0), rtol=1e-6,
+                             atol=1e-5)
+  # A float32 hidden output (the MLP's, before GELU) keeps float32.
+  assert dense(x, w, b, jnp.float32).dtype == jnp.float32
+  # float32 inputs take the plain path.
+  np.testing.assert_allclose(dense(f32(x), w, b), f32(x) @ w + b, rtol=1e-6)
 
 
 def test_bfloat16_model_stays_close_to_float32():

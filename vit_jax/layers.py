@@ -72,61 +72,78 @@ class _Projection(nn.Module):
     return kernel, bias
 
 
-def _is_low_precision(*xs) -> bool:
-  return all(x.dtype in (jnp.bfloat16, jnp.float16) for x in xs)
+_LOW_PRECISION = (jnp.bfloat16, jnp.float16)
 
 
-@jax.custom_vjp
-def _matmul_f32_acc(x, w):
-  """x (..., K) @ w (K, N) for bfloat16/float16 operands, accumulated and
-  returned as float32: the forward and both backward GEMMs.
+def _dense(x, kernel, bias, out_dtype=None):
+  """x (..., K) @ kernel (K, N) + bias, computed in x's dtype, returned in
+  ``out_dtype`` (default x's). Parameters may be float32 (their gradients
+  then are too). The float32 path is the plain one; see ``_dense_low``."""
+  if x.dtype in _LOW_PRECISION:
+    return _dense_low(x, kernel, bias, jnp.dtype(out_dtype or x.dtype))
+  y = x @ kernel.astype(x.dtype) + bias.astype(x.dtype)
+  return y if out_dtype is None else y.astype(out_dtype)
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(3,))
+def _dense_low(x, kernel, bias, out_dtype):
+  """``_dense`` for bfloat16/float16 x: every GEMM takes low-precision
+  operands and accumulates into float32, bias added in float32.
 
   XLA:CPU runs a bf16 x bf16 -> bf16 dot at float32 speed, but a
   bf16 x bf16 -> f32 one (``preferred_element_type=float32``) with the
-  AVX512-BF16 dot instructions, about twice as fast (bench/README.md). The
-  result is rounded once, so it is as accurate as the plain bf16 dot."""
-  return jnp.matmul(x, w, preferred_element_type=jnp.float32)
+  AVX512-BF16 dot instructions, about twice as fast; and it reduces a bf16
+  bias gradient over the batch far more slowly than a float32 one
+  (bench/README.md). So here the forward and both backward GEMMs accumulate
+  in float32, the kernel and bias gradients stay float32 (no bf16 rounding of
+  parameter gradients), and the result is rounded once."""
+  return _dense_low_fwd(x, kernel, bias, out_dtype)[0]
 
 
-def _matmul_f32_acc_fwd(x, w):
-  return _matmul_f32_acc(x, w), (x, w)
+def _dense_low_fwd(x, kernel, bias, out_dtype):
+  y = jnp.matmul(x, kernel.astype(x.dtype),
+                 preferred_element_type=jnp.float32) + bias.astype(jnp.float32)
+  return y.astype(out_dtype), (x, kernel, bias)
 
 
-def _matmul_f32_acc_bwd(res, g):
-  x, w = res
-  g = g.astype(x.dtype)
-  dx = jnp.matmul(g, w.T, preferred_element_type=jnp.float32)
-  x2, g2 = x.reshape(-1, x.shape[-1]), g.reshape(-1, g.shape[-1])
-  dw = jnp.matmul(x2.T, g2, preferred_element_type=jnp.float32)
-  return dx.astype(x.dtype), dw.astype(w.dtype)
+def _dense_low_bwd(out_dtype, res, g):
+  del out_dtype
+  x, kernel, bias = res
+  f32 = jnp.float32
+  g_low = g.astype(x.dtype)
+  dx = jnp.matmul(g_low, kernel.astype(x.dtype).T, preferred_element_type=f32)
+  x2, g2 = x.reshape(-1, x.shape[-1]), g_low.reshape(-1, g.shape[-1])
+  dkernel = jnp.matmul(x2.T, g2, preferred_element_type=f32)
+  dbias = jnp.sum(g.astype(f32).reshape(-1, g.shape[-1]), axis=0)
+  return (dx.astype(x.dtype), dkernel.astype(kernel.dtype),
+          dbias.astype(bias.dtype))
 
 
-_matmul_f32_acc.defvjp(_matmul_f32_acc_fwd, _matmul_f32_acc_bwd)
+_dense_low.defvjp(_dense_low_fwd, _dense_low_bwd)
 
 
-def _matmul(x, w):
-  """x (..., K) @ w (K, N) in x's dtype; see ``_matmul_f32_acc``."""
-  if _is_low_precision(x, w):
-    return _matmul_f32_acc(x, w).astype(x.dtype)
-  return x @ w
+class Dense(nn.Module):
+  """``nn.Dense``'s parameters (``kernel`` (in, out), ``bias``) and init,
+  computed with ``_dense`` (the fast low-precision path on CPU)."""
 
+  features: int
+  param_dtype: Dtype = jnp.float32
+  kernel_init: Any = _KERNEL_INIT
+  bias_init: Any = _BIAS_INIT
 
-def _dense_dot_general(lhs, rhs, dimension_numbers, precision=None,
-                       preferred_element_type=None):
-  """``nn.Dense``'s dot_general, through ``_matmul`` for bf16/f16."""
-  (lc, rc), (lb, rb) = dimension_numbers
-  if (_is_low_precision(lhs, rhs) and preferred_element_type is None
-      and precision is None and rhs.ndim == 2 and tuple(lc) == (lhs.ndim - 1,)
-      and tuple(rc) == (0,) and not lb and not rb):
-    return _matmul(lhs, rhs)
-  return lax.dot_general(lhs, rhs, dimension_numbers, precision=precision,
-                         preferred_element_type=preferred_element_type)
+  @nn.compact
+  def __call__(self, x, out_dtype=None):
+    kernel = self.param("kernel", self.kernel_init,
+                        (x.shape[-1], self.features), self.param_dtype)
+    bias = self.param("bias", self.bias_init, (self.features,),
+                      self.param_dtype)
+    return _dense(x, kernel, bias, out_dtype)
 
 
 def _project(x2d, kernel, bias):
   """(M, K) @ DenseGeneral kernel (K as one or more leading axes, ...) +
   bias -> (M, prod(...)): one plain 2-D GEMM, no transposes around it."""
-  return _matmul(x2d, kernel.reshape(x2d.shape[-1], -1)) + bias.reshape(-1)
+  return _dense(x2d, kernel.reshape(x2d.shape[-1], -1), bias.reshape(-1))
 
 
 def _head_major(x):
@@ -228,10 +245,8 @@ class MultiHeadDotProductAttention(nn.Module):
     ]
     out_kernel, out_bias = _Projection((h, hd, d), (d,), self.param_dtype,
                                        name="out")()
-    x, out_kernel, out_bias = nn.dtypes.promote_dtype(
-        x, out_kernel, out_bias, dtype=self.dtype)
-    qkv = [nn.dtypes.promote_dtype(kk, bb, dtype=self.dtype)
-           for kk, bb in projs]
+    x = x.astype(self.dtype)  # kernels are cast inside _dense
+    qkv = projs
     # Three (B*N, D) x (D, D) GEMMs. One fused (D, 3D) GEMM would need the
     # three kernels concatenated on every call (a copy of 3*D*D weights
     # that costs more on CPU than it saves; measured in bench/README.md).
@@ -272,15 +287,17 @@ class MlpBlock(nn.Module):
 
   @nn.compact
   def __call__(self, x):
-    dense = functools.partial(nn.Dense, dtype=self.dtype,
-                              param_dtype=self.param_dtype,
-                              kernel_init=_KERNEL_INIT, bias_init=_BIAS_INIT,
-                              dot_general=_dense_dot_general)
     d = x.shape[-1]
-    x = dense(self.mlp_dim)(x)
-    x = _gelu(x)
+    x = x.astype(self.dtype)
+    # In bf16/f16 the hidden layer leaves its GEMM in float32 (the GEMM
+    # accumulates in float32 anyway) and GELU runs in float32: exact-erf
+    # GELU and its gradient are slower in bf16 on CPU, and less accurate.
+    low = x.dtype in _LOW_PRECISION
+    x = Dense(self.mlp_dim, self.param_dtype, name="Dense_0")(
+        x, out_dtype=jnp.float32 if low else None)
+    x = _gelu(x).astype(self.dtype)
     x = nn.Dropout(self.dropout_rate)(x, deterministic=self.deterministic)
-    x = dense(d)(x)
+    x = Dense(d, self.param_dtype, name="Dense_1")(x)
     return nn.Dropout(self.dropout_rate)(x, deterministic=self.deterministic)
 
 
