@@ -1,0 +1,107 @@
+"""A/B of JAX configurations, alternating round by round (how each
+optimisation in bench/README.md was measured).
+
+Each ``--config`` is ``LABEL:KEY=VALUE;KEY=VALUE...`` with keys
+  flags=...     XLA_FLAGS for that child (e.g. flags=--xla_cpu_use_onednn=true)
+  src=PATH      import vit_jax from another checkout (e.g. the last commit,
+                exported with ``git worktree add /tmp/base HEAD``)
+  opt.FIELD=V   a model override (opt.scan_layers=true, opt.remat_policy=dots)
+  donate=false  don't donate the train state
+  env.NAME=V    an environment variable for that child
+The first config is the reference; ratios are per-round paired ratios.
+
+    .venv/bin/python bench/ab.py --model vit_b_16 --mode infer --batch 8 \\
+        --config "base:" --config "onednn:flags=--xla_cpu_use_onednn=true"
+    .venv/bin/python bench/ab.py --config "old:src=/tmp/base" --config "new:"
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+
+if __package__ in (None, ""):
+  sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from bench import harness  # noqa: E402
+
+
+def parse_config(text: str) -> harness.Contestant:
+  label, _, rest = text.partition(":")
+  options = {"model_overrides": {}}
+  flags = []
+  env = {}
+  for item in filter(None, (s.strip() for s in rest.split(";"))):
+    k, _, v = item.partition("=")
+    if k == "flags":
+      flags.append(v)
+    elif k == "src":
+      options["src"] = os.path.abspath(v)
+    elif k == "donate":
+      options["donate"] = v.lower() in ("1", "true", "yes")
+    elif k.startswith("env."):
+      env[k[4:]] = v
+    elif k.startswith("opt."):
+      try:
+        options["model_overrides"][k[4:]] = json.loads(v)
+      except json.JSONDecodeError:
+        options["model_overrides"][k[4:]] = v
+    else:
+      raise ValueError(f"unknown key {k!r} in --config {text!r}")
+  return harness.Contestant(label, "jax", options=options,
+                            xla_flags=" ".join(f for f in flags if f),
+                            env=env)
+
+
+def main(argv=None):
+  p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+  p.add_argument("--model", default="vit_b_16")
+  p.add_argument("--mode", choices=("infer", "train"), default="infer")
+  p.add_argument("--dtype", choices=("float32", "bfloat16"), default="float32")
+  p.add_argument("--batch", type=int, default=8)
+  p.add_argument("--image-size", type=int, default=224)
+  p.add_argument("--rounds", type=int, default=6)
+  p.add_argument("--round-seconds", type=float, default=3.0)
+  p.add_argument("--quiet-load", type=float, default=0.3)
+  p.add_argument("--max-retries", type=int, default=1)
+  p.add_argument("--cpus", type=lambda v: [int(c) for c in v.split(",")],
+                 default=None, metavar="0,1",
+                 help="pin both frameworks to these CPUs (default: all)")
+  p.add_argument("--wait-quiet", type=float, default=0.0, metavar="SECONDS")
+  p.add_argument("--config", action="append", required=True)
+  p.add_argument("--json", action="store_true")
+  args = p.parse_args(argv)
+  cs = [parse_config(c) for c in args.config]
+  workload = harness.Workload(name=args.model, mode=args.mode,
+                              dtype=args.dtype, batch=args.batch,
+                              image_size=args.image_size)
+  res = harness.run(workload, cs, rounds=args.rounds,
+                    round_s=args.round_seconds, reference=cs[0].label,
+                    quiet_load=args.quiet_load, max_retries=args.max_retries,
+                    wait_quiet_s=args.wait_quiet, cpus=args.cpus)
+  w = res["workload"]
+  print(f"{w['name']} {w['mode']} {w['dtype']} batch {w['batch']} "
+        f"{w['image_size']}px, {args.rounds} alternating rounds, load avg "
+        f"{res['load_avg_1m']:.1f}")
+  print(f"{'config':14s} {'img/s':>8s} {'min-max':>15s} {'vs ' + cs[0].label:>20s}"
+        f" {'cpu ms/img':>10s} {'cpu ratio':>9s} {'compile':>8s} {'others':>7s}"
+        f"  max|diff| vs ref")
+  for lab, c in res["contestants"].items():
+    r = c["ratio_vs_reference"]
+    diff = c.get("check_max_abs_diff")
+    print(f"{lab:14s} {c['img_per_sec']['median']:8.2f} "
+          f"{c['img_per_sec']['min']:7.2f}-{c['img_per_sec']['max']:<7.2f} "
+          f"{r['median']:8.3f}x [{r['min']:.2f}-{r['max']:.2f}] "
+          f"{c['cpu_ms_per_img']['median']:10.1f} "
+          f"{c['cpu_ratio_vs_reference']['median']:8.3f}x "
+          f"{c['compile_s']:7.1f}s {c['other_load']['median']:7.2f}  "
+          f"{'' if diff is None else f'{diff:.1e}'}")
+  if args.json:
+    print(json.dumps(res))
+  return res
+
+
+if __name__ == "__main__":
+  main()

@@ -1,0 +1,58 @@
+"""Analytic FLOP counts of a ViT (one multiply-add = 2 FLOPs).
+
+Only matmul-like work is counted (patch conv, q/k/v/out projections, the two
+attention products, the MLP, the head); LayerNorm, softmax, GELU and adds are
+a few percent and left out, as is usual. A training step is counted as 3x
+the forward pass (backward = 2x forward) and the optimizer is ignored.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+
+@dataclasses.dataclass(frozen=True)
+class FlopBreakdown:
+  """Forward FLOPs of one image, split by where they are spent."""
+
+  tokens: int          # N (patches + class token)
+  patch_embed: float
+  qkv_out_proj: float  # 4 * N * D^2 matmuls, linear in N
+  attention: float     # QK^T and AV: 2 * N^2 * D each, quadratic in N
+  mlp: float
+  head: float
+
+  @property
+  def total(self) -> float:
+    return (self.patch_embed + self.qkv_out_proj + self.attention + self.mlp
+            + self.head)
+
+  @property
+  def attention_fraction(self) -> float:
+    """Share of the quadratic (N^2) attention term in the forward FLOPs."""
+    return self.attention / self.total
+
+
+def vit_forward_flops(*, hidden_size: int, num_layers: int, mlp_dim: int,
+                      patch_size: int, image_size: int, num_classes: int = 1000,
+                      channels: int = 3, class_token: bool = True,
+                      **unused) -> FlopBreakdown:
+  """Forward FLOPs of one ``image_size`` x ``image_size`` image."""
+  del unused
+  d, m, p = hidden_size, mlp_dim, patch_size
+  patches = (image_size // p) ** 2
+  n = patches + (1 if class_token else 0)
+  patch_embed = 2 * patches * (p * p * channels) * d
+  qkv_out = num_layers * 2 * n * d * (4 * d)
+  attention = num_layers * 2 * (2 * n * n * d)
+  mlp = num_layers * 2 * (2 * n * d * m)
+  head = 2 * d * num_classes if num_classes else 0
+  return FlopBreakdown(n, float(patch_embed), float(qkv_out), float(attention),
+                       float(mlp), float(head))
+
+
+def step_flops(variant, image_size: int, mode: str, num_classes: int = 1000):
+  """FLOPs per image of one ``mode`` ('infer' or 'train') step."""
+  fwd = vit_forward_flops(image_size=image_size, num_classes=num_classes,
+                          **dataclasses.asdict(variant)).total
+  return fwd * (3.0 if mode == "train" else 1.0)

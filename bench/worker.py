@@ -1,0 +1,229 @@
+"""A long-lived benchmark child process: one framework, one compiled step.
+
+The parent (:mod:`bench.harness`) starts one worker per contestant so that
+torch's OpenMP pool and XLA's thread pool never share a process, and talks to
+it over stdin/stdout, one JSON object per line:
+
+  child -> parent   {"ready": true, "setup_s": ..., "compile_s": ...,
+                     "check": [...], "info": {...}}   once, after warm-up
+  parent -> child   {"cmd": "run", "iters": k}
+  child -> parent   {"wall_s": ..., "cpu_s": ..., "step_s": [...]}
+  parent -> child   {"cmd": "quit"}
+
+``spec`` (argv[1], JSON) says what to build; see ``harness.Spec``. Nothing
+here imports the other framework: the JAX worker reads the torch worker's
+weights from a ``.npz`` file.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import resource
+import sys
+import time
+
+import numpy as np
+
+
+def _cpu_seconds() -> float:
+  r = resource.getrusage(resource.RUSAGE_SELF)
+  return r.ru_utime + r.ru_stime
+
+
+def _inputs(spec):
+  rs = np.random.RandomState(spec["seed"])
+  b, s = spec["batch"], spec["image_size"]
+  images = rs.standard_normal((b, s, s, 3)).astype(np.float32)  # NHWC
+  labels = rs.randint(0, spec["num_classes"], size=(b,)).astype(np.int64)
+  return images, labels
+
+
+def _send(obj):
+  sys.stdout.write(json.dumps(obj) + "\n")
+  sys.stdout.flush()
+
+
+def _serve(step, check, info, setup_s, compile_s):
+  """Answers run requests until told to quit. ``step()`` runs one
+  synchronous step (it must block until the result is ready)."""
+  _send({"ready": True, "setup_s": setup_s, "compile_s": compile_s,
+         "check": check, "info": info})
+  for line in sys.stdin:
+    msg = json.loads(line)
+    if msg["cmd"] == "quit":
+      return
+    if msg["cmd"] == "run":
+      times = []
+      cpu0, wall0 = _cpu_seconds(), time.perf_counter()
+      for _ in range(int(msg["iters"])):
+        t = time.perf_counter()
+        step()
+        times.append(time.perf_counter() - t)
+      wall = time.perf_counter() - wall0
+      _send({"wall_s": wall, "cpu_s": _cpu_seconds() - cpu0, "step_s": times})
+
+
+# --------------------------------------------------------------------------- #
+# torch
+# --------------------------------------------------------------------------- #
+
+
+def torch_main(spec):
+  t0 = time.perf_counter()
+  import torch  # pylint: disable=import-outside-toplevel
+  import torchvision  # pylint: disable=import-outside-toplevel
+
+  if spec.get("threads"):
+    torch.set_num_threads(int(spec["threads"]))
+  v = spec["variant"]
+  torch.manual_seed(spec["seed"])
+  model = torchvision.models.VisionTransformer(
+      image_size=spec["image_size"], patch_size=v["patch_size"],
+      num_layers=v["num_layers"], num_heads=v["num_heads"],
+      hidden_dim=v["hidden_size"], mlp_dim=v["mlp_dim"],
+      num_classes=spec["num_classes"])
+  # torchvision zero-initialises the head; give it weights so that the logits
+  # of the two frameworks can be compared meaningfully.
+  with torch.no_grad():
+    model.heads.head.weight.normal_(0.0, 0.02)
+  if spec.get("weights_out"):
+    np.savez(spec["weights_out"],
+             **{k: t.detach().cpu().numpy()
+                for k, t in model.state_dict().items()})
+
+  images, labels = _inputs(spec)
+  x = torch.from_numpy(images.transpose(0, 3, 1, 2).copy())  # NCHW
+  y = torch.from_numpy(labels)
+  bf16 = spec["dtype"] == "bfloat16"
+  autocast = lambda: torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16)
+  fwd = model
+  if spec.get("torch_compile"):
+    fwd = torch.compile(model)
+
+  if spec["mode"] == "infer":
+    model.eval()
+
+    def step():
+      with torch.inference_mode(), autocast():
+        return fwd(x)
+
+    def first():
+      return step().float().numpy()
+  else:
+    model.train()
+    opt = torch.optim.AdamW(model.parameters(), lr=spec["lr"],
+                            weight_decay=spec["weight_decay"])
+
+    def step():
+      opt.zero_grad(set_to_none=True)
+      with autocast():
+        loss = torch.nn.functional.cross_entropy(fwd(x), y)
+      loss.backward()
+      opt.step()
+      return loss
+
+    def first():
+      return [float(step().detach())]
+
+  setup_s = time.perf_counter() - t0
+  t = time.perf_counter()
+  check = first()  # first call: oneDNN primitive creation / torch.compile
+  compile_s = time.perf_counter() - t
+  for _ in range(spec["warmup"]):
+    step()
+  check = np.asarray(check, np.float64).ravel()[:spec["check_size"]].tolist()
+  info = {"threads": torch.get_num_threads(), "torch": torch.__version__,
+          "compiled": bool(spec.get("torch_compile"))}
+  _serve(step, check, info, setup_s, compile_s if spec.get("torch_compile")
+         else None)
+
+
+# --------------------------------------------------------------------------- #
+# JAX
+# --------------------------------------------------------------------------- #
+
+
+def jax_main(spec):
+  t0 = time.perf_counter()
+  if spec.get("src"):
+    sys.path.insert(0, spec["src"])
+  import jax  # pylint: disable=import-outside-toplevel
+  import jax.numpy as jnp  # pylint: disable=import-outside-toplevel
+  from vit_jax import convert  # pylint: disable=import-outside-toplevel
+
+  overrides = dict(spec.get("model_overrides") or {})
+  if spec["dtype"] == "bfloat16":
+    overrides.setdefault("dtype", jnp.bfloat16)
+  for k in ("dtype", "param_dtype"):
+    if isinstance(overrides.get(k), str):
+      overrides[k] = jnp.dtype(overrides[k])
+
+  with np.load(spec["weights_in"]) as f:
+    state_dict = {k: f[k] for k in f.files}
+  model, variables = convert.from_torchvision(state_dict, spec["name"],
+                                              **overrides)
+  variables = jax.device_put(variables)
+  images, labels = _inputs(spec)
+  x = jnp.asarray(images)
+  y = jnp.asarray(labels.astype(np.int32))
+
+  from bench import steps  # pylint: disable=import-outside-toplevel
+  if spec["mode"] == "infer":
+    fn = steps.make_infer_step(model)
+    t = time.perf_counter()
+    compiled = fn.lower(variables, x).compile()
+    compile_s = time.perf_counter() - t
+
+    def step():
+      return compiled(variables, x).block_until_ready()
+
+    def first():
+      return np.asarray(step(), np.float32)
+  else:
+    tx = steps.adamw(spec["lr"], spec["weight_decay"])
+    params = variables["params"]
+    state = [params, tx.init(params)]
+    fn = steps.make_train_step(model, tx, donate=spec.get("donate", True))
+    t = time.perf_counter()
+    compiled = fn.lower(*state, x, y).compile()
+    compile_s = time.perf_counter() - t
+
+    def step():
+      state[0], state[1], loss = compiled(state[0], state[1], x, y)
+      return loss.block_until_ready()
+
+    def first():
+      return [float(step())]
+
+  mem = steps.peak_bytes(compiled)
+  setup_s = time.perf_counter() - t0 - compile_s
+  check = first()
+  for _ in range(spec["warmup"]):
+    step()
+  check = np.asarray(check, np.float64).ravel()[:spec["check_size"]].tolist()
+  info = {"jax": jax.__version__, "devices": str(jax.devices()),
+          "xla_flags": os.environ.get("XLA_FLAGS", ""),
+          "overrides": {k: str(v) for k, v in overrides.items()}}
+  info["memory"] = mem
+  _serve(step, check, info, setup_s, compile_s)
+
+
+def main():
+  framework, spec = sys.argv[1], json.loads(sys.argv[2])
+  # Results go to the parent on stdout; everything else (framework logs and
+  # warnings) to stderr.
+  real_stdout = sys.stdout
+  sys.stdout = sys.stderr
+  global _send  # pylint: disable=global-statement
+
+  def _send_real(obj):
+    real_stdout.write(json.dumps(obj) + "\n")
+    real_stdout.flush()
+
+  _send = _send_real
+  {"torch": torch_main, "jax": jax_main}[framework](spec)
+
+
+if __name__ == "__main__":
+  main()
