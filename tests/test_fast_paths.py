@@ -133,3 +133,19 @@ def test_bfloat16_model_stays_close_to_float32():
     # is zero: softmax ignores it, so there only the noise floor is checked).
     tol = 0.05 * max(float(jnp.abs(b).max()), 1e-2 * scale)
     np.testing.assert_allclose(a, b, atol=tol)
+
+
+def test_long_sequences_take_the_chunked_path_with_the_same_result():
+  # 300 keys > _FUSED_ATTENTION_MAX_KEYS: chunks of (batch, head) pairs and
+  # exponentials recomputed in the backward pass.
+  q, k, v = _qkv(b=2, n=300, h=3, hd=8, seed=5)
+  assert layers._attention_chunks(  # pylint: disable=protected-access
+      layers._head_major(q), layers._head_major(k)) is not None  # pylint: disable=protected-access
+  ref = jax.nn.dot_product_attention(q, k, v, implementation="xla")
+  np.testing.assert_allclose(_core(q, k, v), ref, rtol=1e-5, atol=1e-6)
+  w = jax.random.normal(jax.random.key(6), ref.shape)
+  g_ref = jax.grad(lambda *a: jnp.sum(jax.nn.dot_product_attention(
+      *a, implementation="xla") * w), argnums=(0, 1, 2))(q, k, v)
+  g = jax.grad(lambda *a: jnp.sum(_core(*a) * w), argnums=(0, 1, 2))(q, k, v)
+  for a, b in zip(g, g_ref):
+    np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-5)

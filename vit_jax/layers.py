@@ -160,6 +160,15 @@ def _attention_weights(qh, kh, scale):
   return jax.nn.softmax(logits, axis=-1)
 
 
+# XLA:CPU computes the whole attention (both products and the softmax) as
+# one fused kernel that stays fast up to 256 keys; from 257 keys on it runs
+# ~4x slower (bench/README.md). Longer sequences (384 px and up with 16 px
+# patches) are processed in chunks of (batch, head) pairs, each chunk's
+# (N, N) block about 2 MiB, in a loop.
+_FUSED_ATTENTION_MAX_KEYS = 256
+_ATTENTION_CHUNK_ELEMENTS = 2 ** 19
+
+
 @functools.partial(jax.custom_vjp, nondiff_argnums=(3,))
 def _attention_core(qh, kh, vh, scale):
   """softmax(q k^T * scale) v on head-major (B, H, N, hd) operands.
@@ -173,38 +182,86 @@ def _attention_core(qh, kh, vh, scale):
     of left to autodiff: ``ds = e * (dp - rowsum(do * o)) / l`` needs one
     elementwise pass over (N, N) and an (N, hd) reduction, where softmax's
     autodiff reduces over (N, N) and materialises more (N, N) temporaries.
+  * above ``_FUSED_ATTENTION_MAX_KEYS`` keys, (batch, head) pairs go through
+    a loop in cache-sized chunks, and the backward pass recomputes the
+    exponentials from the saved row maxima instead of keeping every (N, N)
+    block (as flash attention does: memory linear in N).
   Logits, exponentials and row sums are float32 whatever the input dtype,
   as in ``jax.nn.dot_product_attention``.
   """
   return _attention_core_fwd(qh, kh, vh, scale)[0]
 
 
-def _attention_core_fwd(qh, kh, vh, scale):
+def _attention_block_fwd(q, k, v, scale):
+  """(..., N, hd) blocks -> output, row max of the logits, 1 / row sum of
+  exp(logits - max), and those exponentials."""
   f32 = jnp.float32
-  s = jnp.einsum("bhqd,bhkd->bhqk", qh * jnp.asarray(scale, qh.dtype), kh,
+  s = jnp.einsum("...qd,...kd->...qk", q * jnp.asarray(scale, q.dtype), k,
                  preferred_element_type=f32)
-  e = jnp.exp(s - jnp.max(s, axis=-1, keepdims=True))
+  m = jnp.max(s, axis=-1, keepdims=True)
+  e = jnp.exp(s - m)
   inv_l = 1.0 / jnp.sum(e, axis=-1, keepdims=True)
-  o = jnp.einsum("bhqk,bhkd->bhqd", e.astype(vh.dtype), vh,
+  o = jnp.einsum("...qk,...kd->...qd", e.astype(v.dtype), v,
                  preferred_element_type=f32)
-  o = (o * inv_l).astype(vh.dtype)
-  return o, (qh, kh, vh, e, inv_l, o)
+  return (o * inv_l).astype(v.dtype), m, inv_l, e
 
 
-def _attention_core_bwd(scale, res, do):
-  qh, kh, vh, e, inv_l, o = res
+def _attention_block_bwd(q, k, v, o, e, inv_l, do, scale):
   f32 = jnp.float32
   # p = e * inv_l is never materialised: 1/l is folded into (N, hd) terms.
   # Every product accumulates in float32 (the fast bf16 path on CPU).
-  dv = jnp.einsum("bhqk,bhqd->bhkd", e.astype(do.dtype),
+  dv = jnp.einsum("...qk,...qd->...kd", e.astype(do.dtype),
                   (do * inv_l).astype(do.dtype), preferred_element_type=f32)
-  dp = jnp.einsum("bhqd,bhkd->bhqk", do, vh, preferred_element_type=f32)
+  dp = jnp.einsum("...qd,...kd->...qk", do, v, preferred_element_type=f32)
   # rowsum(dp * p) == rowsum(do * o): softmax's Jacobian-vector product.
   delta = jnp.sum(do.astype(f32) * o.astype(f32), axis=-1, keepdims=True)
-  ds = (e * ((dp - delta) * (inv_l * scale))).astype(qh.dtype)
-  dq = jnp.einsum("bhqk,bhkd->bhqd", ds, kh, preferred_element_type=f32)
-  dk = jnp.einsum("bhqk,bhqd->bhkd", ds, qh, preferred_element_type=f32)
-  return dq.astype(qh.dtype), dk.astype(kh.dtype), dv.astype(vh.dtype)
+  ds = (e * ((dp - delta) * (inv_l * scale))).astype(q.dtype)
+  dq = jnp.einsum("...qk,...kd->...qd", ds, k, preferred_element_type=f32)
+  dk = jnp.einsum("...qk,...qd->...kd", ds, q, preferred_element_type=f32)
+  return dq.astype(q.dtype), dk.astype(k.dtype), dv.astype(v.dtype)
+
+
+def _attention_chunks(qh, kh):
+  """None (one fused computation), or the number of (batch, head) pairs per
+  chunk: the largest divisor of B*H whose (N, N) blocks fit the budget."""
+  b, h, n, s = qh.shape[0], qh.shape[1], qh.shape[2], kh.shape[2]
+  if s <= _FUSED_ATTENTION_MAX_KEYS:
+    return None
+  pairs = b * h
+  fit = max(1, _ATTENTION_CHUNK_ELEMENTS // (n * s))
+  return max(g for g in range(1, min(pairs, fit) + 1) if pairs % g == 0)
+
+
+def _attention_core_fwd(qh, kh, vh, scale):
+  g = _attention_chunks(qh, kh)
+  if g is None:
+    o, _, inv_l, e = _attention_block_fwd(qh, kh, vh, scale)
+    return o, (qh, kh, vh, o, e, None, inv_l)
+  split = lambda t: t.reshape(-1, g, *t.shape[2:])
+  o, m, inv_l = lax.map(
+      lambda a: _attention_block_fwd(*a, scale)[:3],
+      (split(qh), split(kh), split(vh)))
+  o = o.reshape(qh.shape)
+  return o, (qh, kh, vh, o, None, m, inv_l)
+
+
+def _attention_core_bwd(scale, res, do):
+  qh, kh, vh, o, e, m, inv_l = res
+  if e is not None:
+    return _attention_block_bwd(qh, kh, vh, o, e, inv_l, do, scale)
+  g = _attention_chunks(qh, kh)
+  split = lambda t: t.reshape(-1, g, *t.shape[2:])
+
+  def chunk(args):
+    q, k, v, o_c, m_c, inv_l_c, do_c = args
+    s = jnp.einsum("...qd,...kd->...qk", q * jnp.asarray(scale, q.dtype), k,
+                   preferred_element_type=jnp.float32)
+    e_c = jnp.exp(s - m_c)  # the forward's exponentials, recomputed
+    return _attention_block_bwd(q, k, v, o_c, e_c, inv_l_c, do_c, scale)
+
+  grads = lax.map(chunk, (split(qh), split(kh), split(vh), split(o), m, inv_l,
+                          split(do)))
+  return tuple(d.reshape(t.shape) for d, t in zip(grads, (qh, kh, vh)))
 
 
 _attention_core.defvjp(_attention_core_fwd, _attention_core_bwd)
