@@ -28,7 +28,6 @@ own pool, one thread per core).
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import json
 import os
 import sys
@@ -135,6 +134,11 @@ def summarise(res, workload: harness.Workload) -> dict:
   if "torch.compile" in c:
     rec["torch_compile_img_per_sec"] = c["torch.compile"]["img_per_sec"][
         "median"]
+    ratios = sorted(row["jax"]["img_per_sec"] / row["torch.compile"][
+        "img_per_sec"] for row in res["rounds"])
+    rec["ratio_vs_torch_compile"] = ratios[len(ratios) // 2] if len(
+        ratios) % 2 else 0.5 * (ratios[len(ratios) // 2 - 1] +
+                                ratios[len(ratios) // 2])
   rec["gflop_per_image"] = gflop
   rec["jax_compile_s"] = jx["compile_s"]
   rec["rounds"] = len(res["rounds"])
@@ -178,6 +182,10 @@ def format_table(rec: dict) -> str:
     lines.append(
         f"ratio jax/torch = {rec['ratio']:.2f}x (median of per-round paired "
         f"ratios; min {rec['ratio_min']:.2f}x, max {rec['ratio_max']:.2f}x)")
+    if "ratio_vs_torch_compile" in rec:
+      lines.append(f"ratio jax/torch.compile = "
+                   f"{rec['ratio_vs_torch_compile']:.2f}x (median of per-round "
+                   f"paired ratios)")
     jx = res["contestants"]["jax"]
     cr = jx["cpu_ratio_vs_reference"]
     lines.append(

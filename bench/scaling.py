@@ -135,10 +135,12 @@ def plot(results, path, mode, dtype):
         ax.plot(x, [b[f"{l}_ms_per_image"] * r["gflop_per_image"] /
                     b["gflop_per_image"] for r in rows], ":", color=col,
                 alpha=0.7, label=f"{name}: if time ~ FLOPs")
-      for r in rows:
+      for i, r in enumerate(rows):
+        last = i == len(rows) - 1
         ax.annotate(f"{r['tokens']} tok\nattn {100 * r['attention_fraction']:.0f}%"
                     " of FLOPs", (r["image_size"], r["jax_ms_per_image"]),
-                    textcoords="offset points", xytext=(4, -24), fontsize=7)
+                    textcoords="offset points", xytext=(-6 if last else 6, 8),
+                    ha="right" if last else "left", fontsize=7)
       ax.set(xlabel="image side (px)", ylabel="ms / image",
              title=f"{rows[0]['name']}, batch {rows[0]['batch']}")
     else:
@@ -176,10 +178,17 @@ def main(argv=None):
   p.add_argument("--png", help="write the plot here "
                                "(e.g. docs/images/scaling.png)")
   p.add_argument("--json-out", help="write all rows as JSON here")
+  p.add_argument("--from-json", metavar="PATH",
+                 help="don't measure: print and plot the rows of an earlier "
+                      "--json-out file")
   args = p.parse_args(argv)
 
   results = {}
-  points = [(s, pt) for s in args.sweep for pt in SWEEPS[s]]
+  if args.from_json:
+    with open(args.from_json) as f:
+      results = json.load(f)
+  points = [] if args.from_json else [
+      (s, pt) for s in args.sweep for pt in SWEEPS[s]]
   for i, (sweep, point) in enumerate(points):
     harness.log(f"[scaling {i + 1}/{len(points)}] {sweep}: {point}")
     results.setdefault(sweep, []).append(run_point(point, args))
@@ -188,7 +197,7 @@ def main(argv=None):
   if args.png:
     plot(results, args.png, args.mode, args.dtype)
     print(f"\nwrote {args.png}")
-  if args.json_out:
+  if args.json_out and not args.from_json:
     with open(args.json_out, "w") as f:
       json.dump(results, f, indent=1)
     print(f"wrote {args.json_out}")

@@ -12,7 +12,7 @@ import torch
 import torch.nn.functional as F
 from torchvision.models.vision_transformer import interpolate_embeddings
 
-from vit_jax import convert, models
+from vit_jax import convert
 from tv_utils import assert_close_rel, images, nhwc, torchvision_vit
 
 REL = 1e-4
