@@ -295,15 +295,19 @@ def _expected_shapes(v: models.Variant, num_classes, rep, stem_layers,
   return e
 
 
-def _check_keys(sd, expected, name):
-  """Reports missing, unexpected and mis-shaped keys by name, all at once."""
+def check_keys(sd, expected, what):
+  """Reports missing, unexpected and mis-shaped keys by name, all at once.
+
+  ``sd`` maps names to arrays, ``expected`` names to shapes; ``what`` names
+  the layout in the error ("torchvision's vit_b_16").
+  """
   missing = [k for k in expected if k not in sd]
   unexpected = [k for k in sd if k not in expected]
   misshaped = [f"{k}: expected {tuple(expected[k])}, got {tuple(sd[k].shape)}"
                for k in expected
                if k in sd and tuple(sd[k].shape) != tuple(expected[k])]
   if missing or unexpected or misshaped:
-    lines = [f"State dict does not match torchvision's {name}:"]
+    lines = [f"Weights do not match {what}:"]
     for title, items in (("missing keys", missing),
                          ("unexpected keys", unexpected),
                          ("mis-shaped keys", misshaped)):
@@ -354,8 +358,8 @@ def torchvision_to_params(state_dict, name, conv_stem=None):
   pos = sd.get("encoder.pos_embedding")
   pos_rows = int(pos.shape[1]) if pos is not None and pos.ndim == 3 else 197
   strides = _stem_strides(stem, v.patch_size, conv_stem)
-  _check_keys(sd, _expected_shapes(v, num_classes, rep, stem, strides, pos_rows),
-              name if isinstance(name, str) else str(v))
+  check_keys(sd, _expected_shapes(v, num_classes, rep, stem, strides, pos_rows),
+             "torchvision's " + (name if isinstance(name, str) else str(v)))
   grid = _grid_of(pos_rows - 1, "encoder.pos_embedding")
 
   def dense(prefix):

@@ -244,24 +244,7 @@ def flatten(tree: Mapping[str, Any], prefix: str = "", sep: str = "/") -> dict:
   return out
 
 
-def check_flat(sd, expected, what):
-  """Reports missing, unexpected and mis-shaped keys by name, all at once."""
-  missing = [k for k in expected if k not in sd]
-  unexpected = [k for k in sd if k not in expected]
-  misshaped = [f"{k}: expected {tuple(expected[k])}, got {tuple(sd[k].shape)}"
-               for k in expected
-               if k in sd and tuple(sd[k].shape) != tuple(expected[k])]
-  if missing or unexpected or misshaped:
-    lines = [f"Weights do not match {what}:"]
-    for title, items in (("missing keys", missing),
-                         ("unexpected keys", unexpected),
-                         ("mis-shaped keys", misshaped)):
-      if items:
-        lines.append(f"  {title} ({len(items)}):")
-        lines += [f"    {s}" for s in items[:20]]
-        if len(items) > 20:
-          lines.append(f"    ... and {len(items) - 20} more")
-    raise ValueError("\n".join(lines))
+check_flat = convert.check_keys  # missing / unexpected / mis-shaped, by name
 
 
 def finish(variables, arch, name, image_size, overrides):
