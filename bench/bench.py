@@ -30,6 +30,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import statistics
 import sys
 
 if __package__ in (None, ""):  # `python bench/bench.py`
@@ -134,11 +135,9 @@ def summarise(res, workload: harness.Workload) -> dict:
   if "torch.compile" in c:
     rec["torch_compile_img_per_sec"] = c["torch.compile"]["img_per_sec"][
         "median"]
-    ratios = sorted(row["jax"]["img_per_sec"] / row["torch.compile"][
-        "img_per_sec"] for row in res["rounds"])
-    rec["ratio_vs_torch_compile"] = ratios[len(ratios) // 2] if len(
-        ratios) % 2 else 0.5 * (ratios[len(ratios) // 2 - 1] +
-                                ratios[len(ratios) // 2])
+    rec["ratio_vs_torch_compile"] = statistics.median(
+        row["jax"]["img_per_sec"] / row["torch.compile"]["img_per_sec"]
+        for row in res["rounds"])
   rec["gflop_per_image"] = gflop
   rec["jax_compile_s"] = jx["compile_s"]
   rec["rounds"] = len(res["rounds"])
