@@ -7,7 +7,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from vit_jax import layers, models
+from vit_jax import kernels, models
 
 
 def _qkv(b=2, n=7, h=3, hd=8, dtype=jnp.float32, seed=0):
@@ -17,8 +17,8 @@ def _qkv(b=2, n=7, h=3, hd=8, dtype=jnp.float32, seed=0):
 
 def _core(q, k, v):
   scale = 1.0 / np.sqrt(q.shape[-1])
-  oh = layers._attention_core(  # pylint: disable=protected-access
-      *(layers._head_major(t) for t in (q, k, v)), scale)  # pylint: disable=protected-access
+  oh = kernels.attention(
+      *(kernels.head_major(t) for t in (q, k, v)), scale)
   return jnp.transpose(oh, (0, 2, 1, 3))
 
 
@@ -91,7 +91,7 @@ def test_low_precision_dense_accumulates_in_float32_forward_and_backward():
   g = jax.random.normal(kg, (2, 5, 32), jnp.bfloat16)
   f32 = lambda t: t.astype(jnp.float32)
   w16 = f32(w.astype(jnp.bfloat16))  # what the bf16 GEMM sees
-  dense = layers._dense  # pylint: disable=protected-access
+  dense = kernels.dense
   y, vjp = jax.vjp(dense, x, w, b)
   assert y.dtype == jnp.bfloat16
   np.testing.assert_allclose(f32(y), f32(x) @ w16 + b, rtol=1e-2, atol=3e-2)
@@ -139,8 +139,8 @@ def test_long_sequences_take_the_chunked_path_with_the_same_result():
   # 300 keys > _FUSED_ATTENTION_MAX_KEYS: chunks of (batch, head) pairs and
   # exponentials recomputed in the backward pass.
   q, k, v = _qkv(b=2, n=300, h=3, hd=8, seed=5)
-  assert layers._attention_chunks(  # pylint: disable=protected-access
-      layers._head_major(q), layers._head_major(k)) is not None  # pylint: disable=protected-access
+  assert kernels.attention_chunks(
+      kernels.head_major(q), kernels.head_major(k)) is not None
   ref = jax.nn.dot_product_attention(q, k, v, implementation="xla")
   np.testing.assert_allclose(_core(q, k, v), ref, rtol=1e-5, atol=1e-6)
   w = jax.random.normal(jax.random.key(6), ref.shape)

@@ -34,7 +34,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import re
-from typing import Any, Literal, Optional, Sequence
+from typing import Any, Literal, Mapping, Optional, Sequence, Union
 
 import flax.linen as nn
 import jax
@@ -42,13 +42,14 @@ import jax.numpy as jnp
 import numpy as np
 
 from vit_jax.layers import (  # noqa: F401  (re-exported building blocks)
-    AddPositionEmbs, Encoder, Encoder1DBlock, MlpBlock,
-    MultiHeadDotProductAttention)
+    LN_EPS, AddPositionEmbs, Encoder, Encoder1DBlock, MAPHead, MlpBlock,
+    MultiHeadDotProductAttention, activation)
 
 Array = Any
 Dtype = Any
 
 __all__ = [
+    "FIELDS",
     "SIZES",
     "VARIANTS",
     "Variant",
@@ -56,6 +57,7 @@ __all__ = [
     "VisionTransformer",
     "decode_variant",
     "get_model",
+    "variant_name",
     "count_params",
 ]
 
@@ -125,7 +127,11 @@ class ConvStemConfig:
 
 
 class VisionTransformer(nn.Module):
-  """Vision Transformer classifier.
+  """Vision Transformer: patches -> (prefix tokens) -> encoder -> pool -> head.
+
+  The classic ViT (Dosovitskiy et al.; torchvision's, AugReg's) is the
+  default; every other option adds parameters only when it is on, so the
+  classic tree stays exactly google-research/vision_transformer's.
 
   Attributes:
     num_classes: outputs of the head; 0 or None for no head (features).
@@ -134,9 +140,34 @@ class VisionTransformer(nn.Module):
     image_size: optional fixed input size (int or (H, W)). When ``None`` the
       position embedding takes its size from the input given to ``init``.
     num_channels: channels of the input images (last axis).
-    representation_size: width of an extra Dense + tanh ``pre_logits`` layer.
-    classifier: ``'token'`` (class token), ``'gap'`` (mean over patch
-      tokens, no class token) or ``'unpooled'`` (all tokens, no head).
+    representation_size: width of an extra Dense + tanh ``pre_logits`` layer
+      (ViT i21k checkpoints; Hugging Face's ``ViTModel`` pooler). Applied
+      with or without a head: with ``num_classes=0`` the model returns it.
+    classifier: how tokens become one vector. ``'token'``: the class token
+      (classic ViT, DeiT-III, DINOv2, CLIP); ``'gap'``: mean of the patch
+      tokens, no class token (big_vision ``gap``, timm ``global_pool='avg'``);
+      ``'map'``: multihead attention pooling (big_vision's ``MAPHead``,
+      timm's ``attn_pool``; SigLIP), no class token; ``'unpooled'``: all
+      tokens, no head.
+    num_registers: register tokens after the class token (Darcet et al.
+      2024; DINOv2 with registers): parameter ``registers`` (1, R, D).
+    layer_scale_init: LayerScale on both residual branches of every block,
+      initialised to this value (CaiT; DeiT-III 1e-6, DINOv2 1e-5):
+      parameters ``LayerScale_0/scale``, ``LayerScale_1/scale``.
+    no_embed_class: the position embedding covers the patch tokens only; the
+      class / register tokens are concatenated after it is added (timm's
+      ``no_embed_class``: DeiT-III, DINOv2 with registers; big_vision's).
+    pre_norm: a LayerNorm after the position embedding, before the blocks
+      (CLIP's ``ln_pre``): ``Transformer/pre_norm``.
+    fc_norm: a LayerNorm after pooling instead of the encoder's final one
+      (timm's ``fc_norm``, e.g. with ``global_pool='avg'``): ``fc_norm``.
+    patch_bias: the patch-embedding conv has a bias (CLIP's has none).
+    qkv_bias: the query/key/value projections have biases.
+    act: the MLP activation: ``'gelu'`` (exact erf: torchvision, timm,
+      DINOv2, OpenCLIP), ``'quick_gelu'`` (OpenAI CLIP), ``'gelu_tanh'``
+      (SigLIP, big_vision).
+    layer_norm_eps: epsilon of every LayerNorm (1e-6; CLIP 1e-5; Hugging
+      Face ViT 1e-12).
     dropout_rate, attention_dropout_rate: dropout probabilities.
     drop_path_rate: stochastic depth of the last block (linear from 0).
     dtype: compute dtype (e.g. ``jnp.bfloat16``); param_dtype: parameters'.
@@ -149,12 +180,11 @@ class VisionTransformer(nn.Module):
       ``'dots'``, ``'dots_no_batch'``, ``'nothing'``) to save memory.
     sow_attention_weights: sow every block's attention probabilities
       (``intermediates/.../attention_weights``, (B, heads, N, N)).
-    attention_impl: how attention is computed. ``'matmul'``: head-major
-      batched GEMMs with a hand-written backward pass (the fastest on CPU,
-      see ``bench/README.md``); ``'xla'`` / ``'cudnn'``: passed to
-      ``jax.nn.dot_product_attention``; ``None`` (default): ``'matmul'`` on
-      CPU, ``jax.nn.dot_product_attention``'s own choice elsewhere. All
-      compute the same function.
+    attention_impl: ``None`` (default) lets
+      :func:`vit_jax.kernels.choose_attention` pick per backend (the
+      hand-written ``'matmul'`` kernels on CPU, cuDNN's fused attention on
+      GPU in bfloat16/float16, XLA otherwise); ``'matmul'``, ``'xla'`` or
+      ``'cudnn'`` force one. All compute the same function.
   """
 
   patch_size: int = 16
@@ -166,7 +196,16 @@ class VisionTransformer(nn.Module):
   image_size: Optional[Any] = None
   num_channels: int = 3
   representation_size: Optional[int] = None
-  classifier: Literal["token", "gap", "unpooled"] = "token"
+  classifier: Literal["token", "gap", "map", "unpooled"] = "token"
+  num_registers: int = 0
+  layer_scale_init: Optional[float] = None
+  no_embed_class: bool = False
+  pre_norm: bool = False
+  fc_norm: bool = False
+  patch_bias: bool = True
+  qkv_bias: bool = True
+  act: str = "gelu"
+  layer_norm_eps: float = LN_EPS
   dropout_rate: float = 0.0
   attention_dropout_rate: float = 0.0
   drop_path_rate: float = 0.0
@@ -179,14 +218,20 @@ class VisionTransformer(nn.Module):
   sow_attention_weights: bool = False
   attention_impl: Optional[str] = None
 
+  @property
+  def num_prefix_tokens(self) -> int:
+    """Class token (if any) + registers: the tokens before the patches."""
+    return int(self.classifier == "token") + int(self.num_registers)
+
   # ----------------------------------------------------------------- checks
   def _check_config(self):
-    if self.classifier not in ("token", "gap", "unpooled"):
+    if self.classifier not in ("token", "gap", "map", "unpooled"):
       raise ValueError(f"classifier={self.classifier!r}: expected 'token', "
-                       f"'gap' or 'unpooled'")
+                       f"'gap', 'map' or 'unpooled'")
     if self.hidden_size % self.num_heads:
       raise ValueError(f"hidden_size={self.hidden_size} is not divisible by "
                        f"num_heads={self.num_heads}")
+    activation(self.act)  # a clear error for an unknown name
     if self.conv_stem:
       stride = int(np.prod([c.stride for c in self.conv_stem]))
       if stride != self.patch_size:
@@ -230,6 +275,8 @@ class VisionTransformer(nn.Module):
   # ----------------------------------------------------------------- layers
   def setup(self):
     self._check_config()
+    ln = functools.partial(nn.LayerNorm, epsilon=self.layer_norm_eps,
+                           dtype=self.dtype, param_dtype=self.param_dtype)
     if self.conv_stem:
       self.stem_convs = [
           nn.Conv(c.out_channels, (c.kernel_size,) * 2, (c.stride,) * 2,
@@ -246,20 +293,33 @@ class VisionTransformer(nn.Module):
     self.embedding = nn.Conv(
         self.hidden_size, kernel_size=kernel,
         strides=(1, 1) if self.conv_stem else kernel, padding="VALID",
-        dtype=self.dtype, param_dtype=self.param_dtype)
+        use_bias=self.patch_bias, dtype=self.dtype,
+        param_dtype=self.param_dtype)
+    d = self.hidden_size
     if self.classifier == "token":
-      self.cls = self.param("cls", nn.initializers.zeros,
-                            (1, 1, self.hidden_size), self.param_dtype)
+      self.cls = self.param("cls", nn.initializers.zeros, (1, 1, d),
+                            self.param_dtype)
+    if self.num_registers:
+      self.registers = self.param(
+          "registers", nn.initializers.normal(stddev=1e-6),
+          (1, self.num_registers, d), self.param_dtype)
+    if self.classifier == "map":
+      self.MAPHead_0 = MAPHead(  # pylint: disable=invalid-name
+          num_heads=self.num_heads, mlp_dim=self.mlp_dim, dtype=self.dtype,
+          param_dtype=self.param_dtype, layer_norm_eps=self.layer_norm_eps,
+          act=self.act, attention_impl=self.attention_impl)
+    if self.fc_norm and self.classifier != "unpooled":
+      self.fc_norm_layer = ln(name="fc_norm")
+    if self.representation_size and self.classifier != "unpooled":
+      # A Dense layer's {kernel, bias} declared as one parameter, so that
+      # the 'pre_logits' intermediate can be sown under the same name.
+      r = self.representation_size
+      self.pre_logits_params = self.param(
+          "pre_logits", lambda key: {
+              "kernel": nn.initializers.lecun_normal()(key, (d, r),
+                                                       self.param_dtype),
+              "bias": jnp.zeros((r,), self.param_dtype)})
     if self.num_classes and self.classifier != "unpooled":
-      if self.representation_size:
-        # A Dense layer's {kernel, bias} declared as one parameter, so that
-        # the 'pre_logits' intermediate can be sown under the same name.
-        d, r = self.hidden_size, self.representation_size
-        self.pre_logits_params = self.param(
-            "pre_logits", lambda key: {
-                "kernel": nn.initializers.lecun_normal()(key, (d, r),
-                                                         self.param_dtype),
-                "bias": jnp.zeros((r,), self.param_dtype)})
       self.head = nn.Dense(
           self.num_classes, dtype=self.dtype, param_dtype=self.param_dtype,
           kernel_init=nn.initializers.zeros,
@@ -268,18 +328,21 @@ class VisionTransformer(nn.Module):
     # Attribute name = submodule name, as in vision_transformer's tree.
     self.Transformer = Encoder(  # pylint: disable=invalid-name
         num_layers=self.num_layers, mlp_dim=self.mlp_dim,
-        num_heads=self.num_heads,
-        num_prefix_tokens=1 if self.classifier == "token" else 0,
-        dropout_rate=self.dropout_rate,
+        num_heads=self.num_heads, dropout_rate=self.dropout_rate,
         attention_dropout_rate=self.attention_dropout_rate,
         drop_path_rate=self.drop_path_rate, dtype=self.dtype,
         param_dtype=self.param_dtype, scan_layers=self.scan_layers,
         remat_policy=self.remat_policy,
         sow_attention_weights=self.sow_attention_weights,
-        attention_impl=self.attention_impl)
+        attention_impl=self.attention_impl,
+        no_embed_class=self.no_embed_class, pre_norm=self.pre_norm,
+        final_norm=not self.fc_norm, layer_scale_init=self.layer_scale_init,
+        layer_norm_eps=self.layer_norm_eps, act=self.act,
+        qkv_bias=self.qkv_bias)
 
   def embed(self, images, *, train: bool = False):
-    """Images (B, H, W, C) -> patch tokens (B, N, D), class token first."""
+    """Images (B, H, W, C) -> (patch tokens (B, N, D), prefix tokens
+    (B, P, D) or None: class token then registers, (h, w) patch grid)."""
     self._check_images(images)
     x = images
     if self.conv_stem:
@@ -289,29 +352,46 @@ class VisionTransformer(nn.Module):
     self.sow("intermediates", "stem", x)
     n, h, w, c = x.shape
     x = jnp.reshape(x, (n, h * w, c))
+    prefix = []
     if self.classifier == "token":
-      cls = jnp.broadcast_to(self.cls.astype(x.dtype), (n, 1, c))
-      x = jnp.concatenate([cls, x], axis=1)
-    return x, (h, w)
+      prefix.append(jnp.broadcast_to(self.cls.astype(x.dtype), (n, 1, c)))
+    if self.num_registers:
+      prefix.append(jnp.broadcast_to(self.registers.astype(x.dtype),
+                                     (n, self.num_registers, c)))
+    prefix = jnp.concatenate(prefix, axis=1) if prefix else None
+    return x, prefix, (h, w)
 
   def forward_features(self, images, *, train: bool = False):
-    """Images -> encoded tokens (B, N(+1), D) after the final LayerNorm."""
-    x, grid = self.embed(images, train=train)
-    encoded, blocks = self.Transformer(x, grid=grid, train=train)
+    """Images -> all tokens (B, prefix + N, D): class token, registers, then
+    patches, after the final LayerNorm (timm's ``forward_features``)."""
+    x, prefix, grid = self.embed(images, train=train)
+    encoded, blocks = self.Transformer(x, prefix=prefix, grid=grid,
+                                       train=train)
     for i, y in enumerate(blocks):
       self.sow("intermediates", f"block{i:02d}", y)
     self.sow("intermediates", "encoded", encoded)
     return encoded
 
-  def forward_head(self, encoded, *, pre_logits: bool = False):
-    """Encoded tokens -> pooled -> (pre_logits) -> logits."""
+  def pool(self, encoded):
+    """Tokens (B, T, D) -> (B, D) by the ``classifier`` (then ``fc_norm``)."""
     if self.classifier == "token":
       x = encoded[:, 0]
     elif self.classifier == "gap":
-      x = jnp.mean(encoded, axis=1)
+      x = jnp.mean(encoded[:, self.num_prefix_tokens:], axis=1)
+    elif self.classifier == "map":
+      x = self.MAPHead_0(encoded)
     else:
       return encoded
-    if self.num_classes and self.representation_size:
+    if self.fc_norm:
+      x = self.fc_norm_layer(x)
+    return x
+
+  def forward_head(self, encoded, *, pre_logits: bool = False):
+    """Encoded tokens -> pooled -> (pre_logits) -> logits."""
+    if self.classifier == "unpooled":
+      return encoded
+    x = self.pool(encoded)
+    if self.representation_size:
       p = self.pre_logits_params
       x, kernel, bias = nn.dtypes.promote_dtype(x, p["kernel"], p["bias"],
                                                 dtype=self.dtype)
@@ -340,26 +420,53 @@ def _pair(v):
 # --------------------------------------------------------------------------- #
 
 
-def get_model(name: str, **overrides) -> VisionTransformer:
-  """Returns the named variant (``vit_b_16``, ``B/16``...) as a linen Module.
+FIELDS = tuple(f.name for f in dataclasses.fields(VisionTransformer)
+               if f.name not in ("parent", "name"))
 
-  Any :class:`VisionTransformer` field can be overridden, e.g.
-  ``get_model("vit_b_16", num_classes=10, drop_path_rate=0.1,
-  dtype=jnp.bfloat16)``.
+
+def get_model(name_or_arch: Union[str, Variant, Mapping[str, Any]],
+              **overrides) -> VisionTransformer:
+  """The one constructor: a name or an architecture -> a linen Module.
+
+  ``name_or_arch`` is a variant name (``vit_b_16``, big_vision's ``B/16``),
+  a :class:`Variant`, or a mapping of :class:`VisionTransformer` fields (an
+  architecture, e.g. what :func:`vit_jax.weights.arch_of` reads from a
+  tree). Any field can be overridden, e.g. ``get_model("vit_b_16",
+  num_classes=10, drop_path_rate=0.1, dtype=jnp.bfloat16)``.
   """
-  kwargs = decode_variant(name).as_kwargs()
-  fields = {f.name for f in dataclasses.fields(VisionTransformer)} - {
-      "parent", "name"}
-  unknown = sorted(set(overrides) - fields)
+  if isinstance(name_or_arch, str):
+    kwargs = decode_variant(name_or_arch).as_kwargs()
+  elif isinstance(name_or_arch, Variant):
+    kwargs = name_or_arch.as_kwargs()
+  elif isinstance(name_or_arch, Mapping):
+    kwargs = dict(name_or_arch)
+  else:
+    raise TypeError(f"get_model: expected a variant name, a Variant or a "
+                    f"mapping of VisionTransformer fields, got "
+                    f"{type(name_or_arch).__name__}")
+  what = name_or_arch if isinstance(name_or_arch, str) else "architecture"
+  unknown = sorted(set(kwargs) - set(FIELDS)) + sorted(set(overrides) - set(FIELDS))
   if unknown:
-    raise TypeError(f"get_model({name!r}): unknown option(s) {unknown}; "
-                    f"valid options are {sorted(fields)}")
+    raise TypeError(f"get_model({what!r}): unknown option(s) {unknown}; "
+                    f"valid options are {sorted(FIELDS)}")
   kwargs.update(overrides)
+  for key in ("dtype", "param_dtype"):
+    if isinstance(kwargs.get(key), str):
+      kwargs[key] = jnp.dtype(kwargs[key])
   if kwargs.get("conv_stem") is not None:
     kwargs["conv_stem"] = tuple(
         c if isinstance(c, ConvStemConfig) else ConvStemConfig(*c)
         for c in kwargs["conv_stem"])
   return VisionTransformer(**kwargs)
+
+
+def variant_name(arch: Mapping[str, Any]) -> Optional[str]:
+  """Our name (``vit_b_16``) for an architecture of a standard size."""
+  for size, (w, depth, heads, mlp) in SIZES.items():
+    if (arch.get("hidden_size"), arch.get("num_layers"), arch.get("num_heads"),
+        arch.get("mlp_dim")) == (w, depth, heads, mlp):
+      return f"vit_{size}_{arch.get('patch_size')}"
+  return None
 
 
 def count_params(tree) -> int:

@@ -1,0 +1,245 @@
+"""Compute kernels of the encoder, separate from the linen modules.
+
+* :func:`dense`: ``x @ kernel + bias`` with float32 accumulation (and
+  float32 parameter gradients) for bfloat16/float16 inputs, as one
+  custom-VJP op: XLA:CPU runs bf16 x bf16 -> f32 dots on its AVX512-BF16
+  path, about twice as fast as bf16 -> bf16.
+* :func:`attention`: softmax(q k^T * scale) v on head-major operands with a
+  hand-written backward pass and, for long sequences, a chunked loop
+  (flash-attention style memory). The fastest attention on XLA:CPU.
+* :func:`choose_attention`: which attention implementation a backend gets,
+  as one explicit function of (backend, dtype, shapes, dropout, sown
+  weights), so that a CPU test can ask what a GPU would run.
+
+Every function here computes the same numbers as the plain formula (tested
+in ``tests/test_fast_paths.py``); bench/README.md measures why each exists.
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Optional, Sequence
+
+import jax
+import jax.numpy as jnp
+from jax import lax
+
+_LOW_PRECISION = (jnp.bfloat16, jnp.float16)
+
+
+def dense(x, kernel, bias=None, out_dtype=None):
+  """x (..., K) @ kernel (K, N) + bias, computed in x's dtype, returned in
+  ``out_dtype`` (default x's). Parameters may be float32 (their gradients
+  then are too). The float32 path is the plain one; see ``_dense_low``.
+  ``bias=None``: no bias."""
+  if bias is None:
+    bias = jnp.zeros(kernel.shape[-1:], kernel.dtype)
+  if x.dtype in _LOW_PRECISION:
+    return _dense_low(x, kernel, bias, jnp.dtype(out_dtype or x.dtype))
+  y = x @ kernel.astype(x.dtype) + bias.astype(x.dtype)
+  return y if out_dtype is None else y.astype(out_dtype)
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(3,))
+def _dense_low(x, kernel, bias, out_dtype):
+  """``_dense`` for bfloat16/float16 x: every GEMM takes low-precision
+  operands and accumulates into float32, bias added in float32.
+
+  XLA:CPU runs a bf16 x bf16 -> bf16 dot at float32 speed, but a
+  bf16 x bf16 -> f32 one (``preferred_element_type=float32``) with the
+  AVX512-BF16 dot instructions, about twice as fast; and it reduces a bf16
+  bias gradient over the batch far more slowly than a float32 one
+  (bench/README.md). So here the forward and both backward GEMMs accumulate
+  in float32, the kernel and bias gradients stay float32 (no bf16 rounding of
+  parameter gradients), and the result is rounded once."""
+  return _dense_low_fwd(x, kernel, bias, out_dtype)[0]
+
+
+def _dense_low_fwd(x, kernel, bias, out_dtype):
+  y = jnp.matmul(x, kernel.astype(x.dtype),
+                 preferred_element_type=jnp.float32) + bias.astype(jnp.float32)
+  return y.astype(out_dtype), (x, kernel, bias)
+
+
+def _dense_low_bwd(out_dtype, res, g):
+  del out_dtype
+  x, kernel, bias = res
+  f32 = jnp.float32
+  g_low = g.astype(x.dtype)
+  dx = jnp.matmul(g_low, kernel.astype(x.dtype).T, preferred_element_type=f32)
+  x2, g2 = x.reshape(-1, x.shape[-1]), g_low.reshape(-1, g.shape[-1])
+  dkernel = jnp.matmul(x2.T, g2, preferred_element_type=f32)
+  dbias = jnp.sum(g.astype(f32).reshape(-1, g.shape[-1]), axis=0)
+  return (dx.astype(x.dtype), dkernel.astype(kernel.dtype),
+          dbias.astype(bias.dtype))
+
+
+_dense_low.defvjp(_dense_low_fwd, _dense_low_bwd)
+
+
+def head_major(x):
+  """(B, N, H, hd) -> (B, H, N, hd): batch and head lead, so every
+  attention product is a plain batched row-major GEMM on XLA:CPU."""
+  return jnp.transpose(x, (0, 2, 1, 3))
+
+
+def attention_weights(qh, kh, scale):
+  """softmax(q k^T * scale) in float32, as jax.nn.dot_product_attention's
+  XLA path computes it (float32 logits, scale applied to the logits)."""
+  logits = jnp.einsum("bhqd,bhkd->bhqk", qh, kh,
+                      preferred_element_type=jnp.float32) * scale
+  return jax.nn.softmax(logits, axis=-1)
+
+
+# XLA:CPU computes the whole attention (both products and the softmax) as
+# one fused kernel that stays fast up to 256 keys; from 257 keys on it runs
+# ~4x slower (bench/README.md). Longer sequences (384 px and up with 16 px
+# patches) are processed in chunks of (batch, head) pairs, each chunk's
+# (N, N) block about 2 MiB, in a loop.
+_FUSED_ATTENTION_MAX_KEYS = 256
+_ATTENTION_CHUNK_ELEMENTS = 2 ** 19
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(3,))
+def attention(qh, kh, vh, scale):
+  """softmax(q k^T * scale) v on head-major (B, H, N, hd) operands.
+
+  Written for XLA:CPU (each step measured in bench/README.md):
+  * the scale multiplies q (N x hd) rather than the logits (N x N), and the
+    softmax normalisation divides the output (N x hd) rather than the
+    probabilities: ``o = (exp(s - max) @ v) / rowsum(exp(s - max))``. Same
+    function, two fewer passes over the (N, N) matrix: ~30% faster forward.
+  * the backward pass is written out, as flash-attention kernels do, instead
+    of left to autodiff: ``ds = e * (dp - rowsum(do * o)) / l`` needs one
+    elementwise pass over (N, N) and an (N, hd) reduction, where softmax's
+    autodiff reduces over (N, N) and materialises more (N, N) temporaries.
+  * above ``_FUSED_ATTENTION_MAX_KEYS`` keys, (batch, head) pairs go through
+    a loop in cache-sized chunks, and the backward pass recomputes the
+    exponentials from the saved row maxima instead of keeping every (N, N)
+    block (as flash attention does: memory linear in N).
+  Logits, exponentials and row sums are float32 whatever the input dtype,
+  as in ``jax.nn.dot_product_attention``.
+  """
+  return _attention_fwd(qh, kh, vh, scale)[0]
+
+
+def _attention_block_fwd(q, k, v, scale):
+  """(..., N, hd) blocks -> output, row max of the logits, 1 / row sum of
+  exp(logits - max), and those exponentials."""
+  f32 = jnp.float32
+  s = jnp.einsum("...qd,...kd->...qk", q * jnp.asarray(scale, q.dtype), k,
+                 preferred_element_type=f32)
+  m = jnp.max(s, axis=-1, keepdims=True)
+  e = jnp.exp(s - m)
+  inv_l = 1.0 / jnp.sum(e, axis=-1, keepdims=True)
+  o = jnp.einsum("...qk,...kd->...qd", e.astype(v.dtype), v,
+                 preferred_element_type=f32)
+  return (o * inv_l).astype(v.dtype), m, inv_l, e
+
+
+def _attention_block_bwd(q, k, v, o, e, inv_l, do, scale):
+  f32 = jnp.float32
+  # p = e * inv_l is never materialised: 1/l is folded into (N, hd) terms.
+  # Every product accumulates in float32 (the fast bf16 path on CPU).
+  dv = jnp.einsum("...qk,...qd->...kd", e.astype(do.dtype),
+                  (do * inv_l).astype(do.dtype), preferred_element_type=f32)
+  dp = jnp.einsum("...qd,...kd->...qk", do, v, preferred_element_type=f32)
+  # rowsum(dp * p) == rowsum(do * o): softmax's Jacobian-vector product.
+  delta = jnp.sum(do.astype(f32) * o.astype(f32), axis=-1, keepdims=True)
+  ds = (e * ((dp - delta) * (inv_l * scale))).astype(q.dtype)
+  dq = jnp.einsum("...qk,...kd->...qd", ds, k, preferred_element_type=f32)
+  dk = jnp.einsum("...qk,...qd->...kd", ds, q, preferred_element_type=f32)
+  return dq.astype(q.dtype), dk.astype(k.dtype), dv.astype(v.dtype)
+
+
+def attention_chunks(qh, kh):
+  """None (one fused computation), or the number of (batch, head) pairs per
+  chunk: the largest divisor of B*H whose (N, N) blocks fit the budget."""
+  b, h, n, s = qh.shape[0], qh.shape[1], qh.shape[2], kh.shape[2]
+  if s <= _FUSED_ATTENTION_MAX_KEYS:
+    return None
+  pairs = b * h
+  fit = max(1, _ATTENTION_CHUNK_ELEMENTS // (n * s))
+  return max(g for g in range(1, min(pairs, fit) + 1) if pairs % g == 0)
+
+
+def _attention_fwd(qh, kh, vh, scale):
+  g = attention_chunks(qh, kh)
+  if g is None:
+    o, _, inv_l, e = _attention_block_fwd(qh, kh, vh, scale)
+    return o, (qh, kh, vh, o, e, None, inv_l)
+  split = lambda t: t.reshape(-1, g, *t.shape[2:])
+  o, m, inv_l = lax.map(
+      lambda a: _attention_block_fwd(*a, scale)[:3],
+      (split(qh), split(kh), split(vh)))
+  o = o.reshape(qh.shape)
+  return o, (qh, kh, vh, o, None, m, inv_l)
+
+
+def _attention_bwd(scale, res, do):
+  qh, kh, vh, o, e, m, inv_l = res
+  if e is not None:
+    return _attention_block_bwd(qh, kh, vh, o, e, inv_l, do, scale)
+  g = attention_chunks(qh, kh)
+  split = lambda t: t.reshape(-1, g, *t.shape[2:])
+
+  def chunk(args):
+    q, k, v, o_c, m_c, inv_l_c, do_c = args
+    s = jnp.einsum("...qd,...kd->...qk", q * jnp.asarray(scale, q.dtype), k,
+                   preferred_element_type=jnp.float32)
+    e_c = jnp.exp(s - m_c)  # the forward's exponentials, recomputed
+    return _attention_block_bwd(q, k, v, o_c, e_c, inv_l_c, do_c, scale)
+
+  grads = lax.map(chunk, (split(qh), split(kh), split(vh), split(o), m, inv_l,
+                          split(do)))
+  return tuple(d.reshape(t.shape) for d, t in zip(grads, (qh, kh, vh)))
+
+
+attention.defvjp(_attention_fwd, _attention_bwd)
+
+
+# --------------------------------------------------------------------------- #
+# Which attention a backend runs.
+# --------------------------------------------------------------------------- #
+
+ATTENTION_IMPLS = ("matmul", "xla", "cudnn")
+# What cuDNN's fused attention (through jax.nn.dot_product_attention) takes:
+# half-precision operands and a head dimension that is a multiple of 8, at
+# most 128 (cuDNN 9 frontend limits for the sm80+ kernels).
+_CUDNN_DTYPES = ("bfloat16", "float16")
+_CUDNN_MAX_HEAD_DIM = 128
+
+
+def choose_attention(backend: str, dtype, head_dim: int, *,
+                     requested: Optional[str] = None, dropout: bool = False,
+                     sow_weights: bool = False) -> str:
+  """The attention implementation for one attention call.
+
+  Args:
+    backend: ``jax.default_backend()`` ('cpu', 'gpu', 'tpu', ...).
+    dtype: the compute dtype of q/k/v.
+    head_dim: the per-head width.
+    requested: the model's ``attention_impl`` (None: choose).
+    dropout: attention dropout is active (needs the probabilities).
+    sow_weights: the probabilities are sown (needs them materialised).
+
+  Returns:
+    ``'weights'`` (probabilities materialised: needed for dropout and for
+    sowing, whatever was requested), ``'matmul'`` (:func:`attention`, the
+    fastest on CPU), ``'cudnn'`` (``jax.nn.dot_product_attention``'s fused
+    cuDNN kernel: GPU, bfloat16/float16, head_dim a multiple of 8 up to 128)
+    or ``'xla'`` (``jax.nn.dot_product_attention`` lowered by XLA).
+  """
+  if dropout or sow_weights:
+    return "weights"
+  if requested is not None:
+    if requested not in ATTENTION_IMPLS:
+      raise ValueError(f"attention_impl={requested!r}: expected None or one "
+                       f"of {ATTENTION_IMPLS}")
+    return requested
+  if backend == "cpu":
+    return "matmul"
+  if (backend in ("gpu", "cuda") and jnp.dtype(dtype).name in _CUDNN_DTYPES
+      and head_dim % 8 == 0 and head_dim <= _CUDNN_MAX_HEAD_DIM):
+    return "cudnn"
+  return "xla"
