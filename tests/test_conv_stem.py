@@ -11,20 +11,12 @@ import torchvision
 from torchvision.models.vision_transformer import ConvStemConfig as TvStem
 
 from vit_jax import convert, models
+from compare import assert_close_rel
 
 SIZE = 64
 REL = 1e-4
 # The paper's stem for /16: four stride-2 3x3 convs (channels scaled to Ti).
 PAPER = [(24, 3, 2), (48, 3, 2), (96, 3, 2), (192, 3, 2)]
-
-
-def assert_close_rel(ours, ref, rel=REL, what="logits"):
-  ours, ref = np.asarray(ours, np.float64), np.asarray(ref, np.float64)
-  assert ours.shape == ref.shape, (ours.shape, ref.shape)
-  scale, err = np.abs(ref).max(), np.abs(ours - ref).max()
-  assert scale > 0, f"{what}: reference is all zeros"
-  assert err <= rel * scale, f"{what}: max|diff| {err:.3g} > {rel} x {scale:.3g}"
-  return err / scale
 
 
 def tv_stem_vit(stem, *, name="vit_ti_16", num_layers=2, seed=0):

@@ -170,7 +170,8 @@ def test_load_torchvision_named_weights_use_their_preprocessing(monkeypatch):
     return torchvision_vit("vit_b_16", num_classes=1000,
                            image_size=size).state_dict()
 
-  monkeypatch.setattr(convert, "_download_state_dict", fake_download)
+  from vit_jax.weights import files  # pylint: disable=import-outside-toplevel
+  monkeypatch.setattr(files, "download_torchvision", fake_download)
   model, variables, pre, cats = convert.load_torchvision(
       "vit_b_16", "IMAGENET1K_SWAG_E2E_V1")
   assert seen["url"].endswith(".pth")

@@ -15,7 +15,7 @@ import torchvision
 from PIL import Image
 
 from train_helpers import REPO, tiny_config
-from vit_jax import formats, formats_io, inference, input_pipeline, labels
+from vit_jax import formats, inference, input_pipeline, labels
 from vit_jax import predict as predict_lib
 from vit_jax import train_lib
 
@@ -168,7 +168,7 @@ def test_npz_and_safetensors_checkpoints(files, tmp_path):
   formats.save_npz(loaded.variables, npz)
   st = str(tmp_path / "ours.safetensors")
   names = [f"thing {i}" for i in range(1000)]
-  formats_io.save_safetensors(loaded.variables, st, model=loaded.model,
+  formats.save_safetensors(loaded.variables, st, model=loaded.model,
                               metadata={"label_names": names,
                                         "preprocessing": {"crop_size": SIZE,
                                                           "resize_size": 40,

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from vit_jax import convert, formats, formats_io, models
+from vit_jax import convert, formats, models
 from vit_jax import visualize as vis
 
 SIZE = 48  # 3x3 patches of 16 + the class token: 10 tokens
@@ -135,7 +135,7 @@ def files(tmp_path_factory):
   formats.save_npz(variables, out["npz"])
   gap_model, gap_vars = random_model(seed=1, classifier="gap")
   out["gap"] = str(d / "gap.safetensors")
-  formats_io.save_safetensors(gap_vars, out["gap"], model=gap_model)
+  formats.save_safetensors(gap_vars, out["gap"], model=gap_model)
   out["dir"] = str(d)
   return out
 

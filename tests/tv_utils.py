@@ -5,6 +5,7 @@ import torch
 import torchvision
 
 from vit_jax import models
+from compare import assert_close_rel  # noqa: F401  (re-exported)
 
 # Sizes torchvision has no builder for (Ti, S) are built from its class.
 def torchvision_vit(name: str, *, seed: int = 0, num_classes: int = 1000,
@@ -39,15 +40,3 @@ def images(batch: int, size: int, seed: int = 0) -> np.ndarray:
 
 def nhwc(x: np.ndarray) -> np.ndarray:
   return np.ascontiguousarray(x.transpose(0, 2, 3, 1))
-
-
-def assert_close_rel(ours, ref, rel: float = 1e-4, what: str = "logits"):
-  """max |ours - ref| <= rel * max |ref| (tolerance relative to the scale)."""
-  ours, ref = np.asarray(ours, np.float64), np.asarray(ref, np.float64)
-  assert ours.shape == ref.shape, (ours.shape, ref.shape)
-  scale = np.abs(ref).max()
-  err = np.abs(ours - ref).max()
-  assert scale > 0, f"{what}: reference is all zeros; the test would prove nothing"
-  assert err <= rel * scale, (
-      f"{what}: max abs diff {err:.3g} > {rel:g} x scale {scale:.3g}")
-  return err, scale

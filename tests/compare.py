@@ -1,0 +1,95 @@
+"""Shared helpers of the parity tests: one tolerance check, random inputs
+and random (perturbed) weights, tree comparison.
+
+Parity is max |ours - ref| <= rel x max |ref| (the tolerance is relative to
+the output's scale), with weights perturbed so that every parameter matters
+(zero heads, unit LayerNorms and tiny LayerScales would hide a wrong map).
+"""
+
+from typing import NamedTuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from vit_jax import models
+from vit_jax.weights import trees
+
+REL = 1e-4
+
+
+class Closeness(NamedTuple):
+  err: float  # max |ours - ref|
+  scale: float  # max |ref|
+
+  @property
+  def rel(self) -> float:
+    return self.err / self.scale
+
+
+def assert_close_rel(ours, ref, rel: float = REL, what: str = "logits"
+                     ) -> Closeness:
+  """max |ours - ref| <= rel * max |ref|; returns (err, scale)."""
+  ours, ref = np.asarray(ours, np.float64), np.asarray(ref, np.float64)
+  assert ours.shape == ref.shape, (what, ours.shape, ref.shape)
+  scale, err = float(np.abs(ref).max()), float(np.abs(ours - ref).max())
+  assert scale > 0, f"{what}: reference is all zeros; the test would prove nothing"
+  assert err <= rel * scale, (
+      f"{what}: max abs diff {err:.3g} > {rel:g} x scale {scale:.3g}")
+  return Closeness(err, scale)
+
+
+def images(n=2, size=64, seed=0, height=None) -> np.ndarray:
+  """NHWC float32 normalised-looking images (``height`` for non-square)."""
+  return np.random.default_rng(seed).standard_normal(
+      (n, height or size, size, 3)).astype(np.float32)
+
+
+def torch_in(x):
+  """NHWC numpy -> NCHW torch tensor."""
+  import torch  # pylint: disable=import-outside-toplevel
+  return torch.from_numpy(np.ascontiguousarray(x.transpose(0, 3, 1, 2)))
+
+
+def perturb_torch(module, seed=0, std=0.05):
+  """Adds noise to every parameter and buffer of a torch module (in place):
+  zero-initialised heads, unit LayerNorms, 1e-5 LayerScales all matter."""
+  import torch  # pylint: disable=import-outside-toplevel
+  g = torch.Generator().manual_seed(seed)
+  with torch.no_grad():
+    for p in list(module.parameters()) + [
+        b for b in module.buffers() if b.is_floating_point()]:
+      p.add_(torch.randn(p.shape, generator=g) * std)
+  return module.eval()
+
+
+def perturb(variables, seed=0, std=0.05):
+  """Adds noise to every leaf of a variables tree (numpy float32)."""
+  leaves, tdef = jax.tree_util.tree_flatten(variables)
+  rng = np.random.default_rng(seed)
+  leaves = [np.asarray(l, np.float32) +
+            std * rng.standard_normal(np.shape(l)).astype(np.float32)
+            for l in leaves]
+  return jax.tree_util.tree_unflatten(tdef, leaves)
+
+
+def random_ours(name="vit_ti_16", seed=0, size=64, **overrides):
+  """Our model with every parameter random (no zero head / class token)."""
+  model = models.get_model(name, **{"num_classes": 10, "num_layers": 3,
+                                    **overrides})
+  variables = model.init(jax.random.key(seed), jnp.zeros((1, size, size, 3)))
+  return model, perturb(variables, seed)
+
+
+def apply(model, variables, x, **kw):
+  # Eager: for one call of a small model, cheaper than an XLA compile.
+  return np.asarray(model.apply(variables, jnp.asarray(x), train=False, **kw))
+
+
+def tree_equal(a, b):
+  fa, fb = trees.flatten(dict(a)), trees.flatten(dict(b))
+  assert sorted(fa) == sorted(fb), (sorted(set(fa) ^ set(fb)))
+  for k in fa:
+    assert np.asarray(fa[k]).dtype == np.asarray(fb[k]).dtype, k
+    np.testing.assert_array_equal(np.asarray(fa[k]), np.asarray(fb[k]),
+                                  err_msg=k)

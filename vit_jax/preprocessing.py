@@ -1,0 +1,178 @@
+"""How images must be prepared for a set of weights.
+
+One record, :class:`Preprocessing`, says it: resize (the short side to
+``resize_size``, or both sides for ``crop_mode='squash'``), center-crop
+``crop_size``, scale to [0, 1], normalise with ``mean`` / ``std``, NHWC. The
+weights layer fills it from what each source publishes (torchvision's weights
+enums, timm's ``pretrained_cfg``, a Hugging Face ``preprocessor_config.json``,
+a training run's config); :func:`preprocess_pil` applies it with PIL, as
+torchvision's and timm's eval transforms do.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Mapping, Optional, Tuple
+
+import numpy as np
+
+IMAGENET_MEAN = (0.485, 0.456, 0.406)
+IMAGENET_STD = (0.229, 0.224, 0.225)
+HALF = (0.5, 0.5, 0.5)  # Inception / Google / SigLIP: inputs in [-1, 1]
+OPENAI_CLIP_MEAN = (0.48145466, 0.4578275, 0.40821073)
+OPENAI_CLIP_STD = (0.26862954, 0.26130258, 0.27577711)
+
+CROP_MODES = ("center", "squash")
+
+
+@dataclasses.dataclass(frozen=True)
+class Preprocessing:
+  """Resize -> center crop -> [0, 1] -> (x - mean) / std.
+
+  ``crop_mode='center'`` resizes the short side to ``resize_size`` keeping
+  the aspect ratio (torchvision's ``Resize(int)``, timm's default);
+  ``'squash'`` resizes both sides to ``resize_size`` (Hugging Face's
+  ``ViTImageProcessor``, timm's ``crop_mode='squash'``). Then the center
+  ``crop_size`` square is cut out. ``interpolation`` is PIL's filter name.
+  """
+
+  crop_size: int = 224
+  resize_size: int = 256
+  interpolation: str = "bilinear"
+  mean: Tuple[float, float, float] = IMAGENET_MEAN
+  std: Tuple[float, float, float] = IMAGENET_STD
+  crop_mode: str = "center"
+
+  def resized(self, crop: int) -> "Preprocessing":
+    """The same recipe for another crop size (the resize keeps its ratio)."""
+    crop = int(crop)
+    if crop == self.crop_size:
+      return self
+    ratio = self.resize_size / self.crop_size
+    return dataclasses.replace(self, crop_size=crop,
+                               resize_size=int(round(crop * ratio)))
+
+  def summary(self) -> str:
+    how = "squash" if self.crop_mode == "squash" else "short side"
+    return (f"resize {self.resize_size} ({how}, {self.interpolation}), "
+            f"center crop {self.crop_size}, "
+            f"mean {tuple(round(m, 4) for m in self.mean)}, "
+            f"std {tuple(round(s, 4) for s in self.std)}")
+
+  def as_dict(self) -> dict:
+    return dataclasses.asdict(self)
+
+  @classmethod
+  def from_dict(cls, d: Mapping[str, Any]) -> "Preprocessing":
+    fields = {f.name for f in dataclasses.fields(cls)}
+    return cls(**{k: tuple(v) if isinstance(v, list) else v
+                  for k, v in d.items() if k in fields})
+
+
+def torchvision_classic(crop: int) -> Preprocessing:
+  """torchvision's IMAGENET1K_V1 recipe: resize 256 -> crop 224, bilinear."""
+  return Preprocessing(crop, int(round(crop * 256 / 224)), "bilinear")
+
+
+def google(crop: int) -> Preprocessing:
+  """timm's config for Google's ViT weights (AugReg, i21k): crop_pct 0.9,
+  bicubic, inputs scaled to [-1, 1]."""
+  return Preprocessing(crop, int(crop / 0.9), "bicubic", HALF, HALF)
+
+
+def from_timm_cfg(cfg: Mapping[str, Any]) -> Preprocessing:
+  """From a timm ``pretrained_cfg`` (``input_size``, ``interpolation``,
+  ``crop_pct``, ``crop_mode``, ``mean``, ``std``), as timm's
+  ``resolve_data_config`` + ``create_transform(is_training=False)`` do."""
+  size = cfg.get("test_input_size") or cfg.get("input_size") or (3, 224, 224)
+  crop = int(size[-1])
+  pct = float(cfg.get("test_crop_pct") or cfg.get("crop_pct") or 0.875)
+  mode = cfg.get("crop_mode") or "center"
+  if mode not in CROP_MODES:
+    raise ValueError(f"timm crop_mode {mode!r} is not supported; expected one "
+                     f"of {CROP_MODES}")
+  return Preprocessing(
+      crop_size=crop, resize_size=int(np.floor(crop / pct)),
+      interpolation=str(cfg.get("interpolation") or "bicubic"),
+      mean=tuple(cfg.get("mean") or IMAGENET_MEAN),
+      std=tuple(cfg.get("std") or IMAGENET_STD), crop_mode=mode)
+
+
+_HF_RESAMPLE = {0: "nearest", 1: "lanczos", 2: "bilinear", 3: "bicubic",
+                4: "box", 5: "hamming"}
+
+
+def from_hf_processor(cfg: Mapping[str, Any],
+                      default_size: int = 224) -> Preprocessing:
+  """From a Hugging Face ``preprocessor_config.json`` (``ViTImageProcessor``:
+  resize to ``size`` exactly; ``CLIPImageProcessor``: shortest edge, then
+  ``crop_size``)."""
+  size = cfg.get("size") or {}
+  if isinstance(size, int):
+    size = {"shortest_edge": size}
+  crop = cfg.get("crop_size") or {}
+  if isinstance(crop, int):
+    crop = {"height": crop, "width": crop}
+  interp = _HF_RESAMPLE.get(int(cfg.get("resample", 2)), "bilinear")
+  mean = tuple(cfg.get("image_mean") or HALF)
+  std = tuple(cfg.get("image_std") or HALF)
+  if "shortest_edge" in size:
+    resize = int(size["shortest_edge"])
+    c = int(crop.get("height", resize)) if cfg.get("do_center_crop", True) else resize
+    return Preprocessing(c, resize, interp, mean, std, "center")
+  h = int(size.get("height", default_size))
+  c = int(crop.get("height", h)) if cfg.get("do_center_crop") else h
+  return Preprocessing(c, h, interp, mean, std, "squash")
+
+
+_PIL_FILTERS = {"bilinear": "BILINEAR", "bicubic": "BICUBIC",
+                "nearest": "NEAREST", "lanczos": "LANCZOS", "box": "BOX",
+                "hamming": "HAMMING"}
+
+
+def preprocess_pil(image: np.ndarray, pre: Preprocessing) -> np.ndarray:
+  """Applies ``pre`` to a uint8 (H, W, 3) array with PIL (antialiased, as
+  torchvision and timm do on PIL images); returns float32 (S, S, 3)."""
+  from PIL import Image  # pylint: disable=import-outside-toplevel
+
+  interp = str(pre.interpolation).lower()
+  if interp not in _PIL_FILTERS:
+    raise ValueError(f"interpolation {pre.interpolation!r}: expected one of "
+                     f"{sorted(_PIL_FILTERS)}")
+  im = Image.fromarray(np.asarray(image, np.uint8))
+  w, h = im.size
+  size = max(int(pre.resize_size), int(pre.crop_size))
+  if pre.crop_mode == "squash":
+    new = (size, size)
+  elif w <= h:  # torchvision: the short side becomes `size`, the long one int()
+    new = (size, int(size * h / w))
+  else:
+    new = (int(size * w / h), size)
+  if new != (w, h):
+    im = im.resize(new, getattr(Image.Resampling, _PIL_FILTERS[interp]))
+  w, h = im.size
+  c = int(pre.crop_size)
+  top, left = int(round((h - c) / 2.0)), int(round((w - c) / 2.0))
+  im = im.crop((left, top, left + c, top + c))
+  x = np.asarray(im, np.float32) / 255.0
+  return ((x - np.asarray(pre.mean, np.float32)) /
+          np.asarray(pre.std, np.float32)).astype(np.float32)
+
+
+def preprocess_tf(image: np.ndarray, pre: Preprocessing) -> np.ndarray:
+  """The training pipeline's eval transform (TensorFlow), for models trained
+  by ``train.py``: what they saw during evaluation."""
+  from vit_jax import input_pipeline  # pylint: disable=import-outside-toplevel
+
+  out = input_pipeline.preprocess_eval(
+      np.asarray(image, np.uint8), image_size=int(pre.crop_size),
+      resize_size=int(pre.resize_size), mean=tuple(pre.mean),
+      std=tuple(pre.std))
+  return np.asarray(out, np.float32)
+
+
+def default_for(crop: Optional[int], kind: str) -> Preprocessing:
+  """A sensible recipe when the weights carry none: torchvision's classic
+  for torchvision layouts, Google's for everything else."""
+  crop = int(crop or 224)
+  return torchvision_classic(crop) if kind == "torchvision" else google(crop)

@@ -1,0 +1,304 @@
+"""The weights layer: every checkpoint layout, one room per job.
+
+    from vit_jax import weights
+    model, variables, preprocessing = weights.load("hf-hub:timm/vit_base_patch14_reg4_dinov2.lvd142m")
+
+:func:`load` accepts
+
+* a training workdir, its ``checkpoints/`` directory or one step directory
+  (Orbax, written by ``train.py``);
+* a ``.pth`` / ``.pt`` / ``.bin`` state dict of torchvision's, timm's or
+  transformers' ViT (``torch.load(weights_only=True)``: no pickled code
+  runs);
+* a Google ``.npz`` (vision_transformer / big_vision; ``allow_pickle=False``);
+* a ``.safetensors`` file (ours, timm's, torchvision's or transformers'
+  layout);
+* a Hugging Face model directory (``config.json`` + ``model.safetensors``:
+  transformers' ``save_pretrained`` or a timm hub repo);
+* ``hf-hub:org/name[@revision]`` (e.g. ``hf-hub:google/vit-base-patch16-224``,
+  ``hf-hub:timm/vit_base_patch14_reg4_dinov2.lvd142m``): the Hub repo's
+  config and safetensors weights, from the local cache when offline;
+* ``torchvision:WEIGHTS`` with ``model_name`` (e.g. ``torchvision:IMAGENET1K_V1``
+  and ``vit_b_16``): torchvision's released weights, hash-checked.
+
+and returns a :class:`Loaded`: the model, the variables, the preprocessing
+those weights expect (unpacks as those three), label names and a one-line
+description. Rooms: :mod:`~vit_jax.weights.files` (reading files and hubs),
+:mod:`~vit_jax.weights.layouts` (one name table per PyTorch layout),
+:mod:`~vit_jax.weights.mapping` (the table-driven mapper),
+:mod:`~vit_jax.weights.google_npz` (Google's fix-ups),
+:mod:`~vit_jax.weights.build` (-> model), :mod:`~vit_jax.weights.check`
+(the one checker), :mod:`~vit_jax.weights.posemb` (resampling),
+:mod:`~vit_jax.weights.trees` (our tree as data).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import re
+from typing import Any, List, Optional
+
+import numpy as np
+
+from vit_jax import labels, preprocessing as pp
+from vit_jax.weights import build, files, google_npz, trees
+from vit_jax.weights.build import from_state_dict, from_tree, to_state_dict  # noqa: F401
+from vit_jax.weights.check import check, check_keys  # noqa: F401
+from vit_jax.weights.trees import arch_of  # noqa: F401
+
+SUPPORTED = (
+    "a training workdir / its checkpoints/ dir / a step dir (Orbax), a .pth, "
+    ".pt or .bin state dict (torchvision, timm or transformers), a Google "
+    ".npz, a .safetensors file, a Hugging Face model directory, "
+    "hf-hub:org/name (e.g. hf-hub:google/vit-base-patch16-224), or "
+    "torchvision:WEIGHTS (e.g. torchvision:IMAGENET1K_V1 with --model "
+    "vit_b_16)")
+
+
+class CheckpointError(ValueError):
+  """A checkpoint that cannot be used (missing, unreadable, other model)."""
+
+
+@dataclasses.dataclass
+class Loaded:
+  """A model ready for inference and what goes with its weights.
+
+  Unpacks as ``model, variables, preprocessing``."""
+
+  model: Any
+  variables: Any
+  preprocessing: pp.Preprocessing
+  label_names: Optional[List[str]] = None
+  description: str = ""
+  kind: str = ""  # 'orbax' | 'torchvision' | 'timm' | 'transformers' | 'npz' | 'safetensors'
+  use_training_pipeline: bool = False  # TF eval transform of vit_jax runs
+  info: dict = dataclasses.field(default_factory=dict)  # training run facts
+
+  def __iter__(self):
+    return iter((self.model, self.variables, self.preprocessing))
+
+  @property
+  def num_classes(self) -> int:
+    return int(self.model.num_classes or 0)
+
+  @property
+  def image_size(self) -> int:
+    return int(self.preprocessing.crop_size)
+
+  def label(self, index: int) -> str:
+    if self.label_names is not None:
+      return self.label_names[index]
+    return f"class {index}"
+
+  def preprocess(self, image: np.ndarray) -> np.ndarray:
+    """uint8 (H, W, 3) -> float32 (S, S, 3), normalised."""
+    if self.use_training_pipeline:
+      return pp.preprocess_tf(image, self.preprocessing)
+    return pp.preprocess_pil(image, self.preprocessing)
+
+  def preprocessing_summary(self) -> str:
+    how = (" (the training pipeline's eval transform)"
+           if self.use_training_pipeline else " (PIL)")
+    return self.preprocessing.summary() + how
+
+
+def load(source, *, model_name: Optional[str] = None, image_size=None,
+         num_heads: Optional[int] = None, label_file: Optional[str] = None,
+         **model_overrides) -> Loaded:
+  """Loads ``source`` (see the module docstring).
+
+  Args:
+    source: a path, ``hf-hub:org/name`` or ``torchvision:WEIGHTS``.
+    model_name: ours (``vit_b_16``, ``B/16``) or timm's
+      (``vit_base_patch16_224``): needed only where the weights cannot tell
+      (a timm state dict's activation, a torchvision conv stem); when given
+      it is checked against the weights.
+    image_size: run at this resolution (the position embedding is
+      resampled); default: the weights' own.
+    num_heads: heads of a model of non-standard width.
+    label_file: class names (one per line, or a JSON list).
+    **model_overrides: options of the model built (``dtype``,
+      ``scan_layers``, ``sow_attention_weights``, ``act``...).
+
+  Raises:
+    CheckpointError: the source does not exist, cannot be read, or holds
+      weights of another architecture (the message says what and why).
+  """
+  try:
+    loaded = _load(str(source), model_name, image_size, num_heads,
+                   model_overrides)
+    if label_file:
+      names = labels.read_label_file(label_file)
+      loaded.label_names = labels.check_labels(
+          names, loaded.num_classes, f"The label file {label_file!r}")
+  except CheckpointError:
+    raise
+  except (FileNotFoundError, ValueError, TypeError, KeyError) as e:
+    raise CheckpointError(f"{source}: {e}") from e
+  return loaded
+
+
+def _default_labels(num_classes):
+  return labels.default_labels(num_classes or 0, imagenet=True)
+
+
+def _finish(model, variables, pre: pp.Preprocessing, names, what: str,
+            kind: str) -> Loaded:
+  crop = trees.native_image_size(trees.unstack_layers(variables), model)
+  if crop:
+    pre = pre.resized(crop)
+  return Loaded(model, variables, pre, names,
+                f"{what}: {trees.describe(_fields(model), image_size=crop)}",
+                kind)
+
+
+def _fields(model) -> dict:
+  return {k: getattr(model, k) for k in
+          ("patch_size", "hidden_size", "num_layers", "num_heads", "mlp_dim",
+           "num_classes", "representation_size", "classifier", "conv_stem",
+           "num_registers", "layer_scale_init", "pre_norm", "fc_norm",
+           "no_embed_class", "act")}
+
+
+def _load(src: str, name, image_size, num_heads, overrides) -> Loaded:
+  kw = dict(image_size=image_size, num_heads=num_heads, **overrides)
+  m = re.fullmatch(r"torchvision:(\w+)", src)
+  if m:
+    if not name:
+      raise CheckpointError(f"{src}: torchvision weights need the variant: "
+                            f"pass --model (e.g. vit_b_16).")
+    enum = files.torchvision_weights(name, m.group(1))
+    model, variables = build.from_state_dict(
+        files.download_torchvision(enum), name, layout="torchvision", **kw)
+    t = enum.transforms()
+    pre = pp.Preprocessing(
+        int(t.crop_size[0]), int(t.resize_size[0]),
+        str(getattr(t.interpolation, "value", t.interpolation)),
+        tuple(t.mean), tuple(t.std))
+    cats = enum.meta.get("categories")
+    return _finish(model, variables, pre, list(cats) if cats else None,
+                   f"torchvision {name} {m.group(1)}", "torchvision")
+  if src.startswith(files.HF_PREFIXES):
+    return _load_dir(files.hub_dir(src), name, kw, src)
+  if not os.path.exists(src):
+    raise CheckpointError(
+        f"{src}: no such file or directory. Expected {SUPPORTED}.")
+  if os.path.isdir(src):
+    if files.is_model_dir(src):
+      return _load_dir(src, name, kw, src)
+    return _load_orbax(src, name, image_size)
+  ext = os.path.splitext(src)[1].lower()
+  if ext == ".npz":
+    variables = google_npz.npz_to_tree(files.read_npz(src),
+                                       image_size=image_size)
+    model, variables = build.from_tree(variables, name, **kw)
+    crop = trees.native_image_size(trees.unstack_layers(variables), model)
+    return _finish(model, variables, pp.google(crop or 224),
+                   _default_labels(model.num_classes), "Google .npz", "npz")
+  if ext == ".safetensors":
+    arrays, meta = files.read_safetensors(src)
+    return _from_arrays(arrays, meta, name, kw, src)
+  if ext in (".pth", ".pt", ".bin", ".ckpt"):
+    return _from_arrays(files.read_torch(src), {}, name, kw, src)
+  raise CheckpointError(f"{src}: unknown checkpoint type {ext or '(none)'!r}. "
+                        f"Expected {SUPPORTED}.")
+
+
+def _from_arrays(arrays, meta, name, kw, src) -> Loaded:
+  """A safetensors / torch file: our layout (with its metadata) or a
+  PyTorch library's."""
+  if meta.get("format") == "vit_jax" or any(k.startswith("params/")
+                                            for k in arrays):
+    model, variables = build.from_tree(trees.unflatten(arrays), name,
+                                       arch=meta.get("arch"), **kw)
+    layout = "vit_jax"
+  else:
+    from vit_jax.weights import layouts  # pylint: disable=import-outside-toplevel
+    layout = layouts.detect(list(arrays)) or "unknown"
+    model, variables = build.from_state_dict(arrays, name, **kw)
+  if isinstance(meta.get("preprocessing"), dict):
+    pre = pp.Preprocessing.from_dict(meta["preprocessing"])
+  elif layout == "timm" and name:
+    pre = pp.from_timm_cfg(_timm_cfg(name))
+  else:
+    pre = pp.default_for(None, layout)
+  names = meta.get("label_names")
+  names = (labels.check_labels(names, model.num_classes or 0, src)
+           if isinstance(names, list) else _default_labels(model.num_classes))
+  if src.endswith(".safetensors"):
+    return _finish(model, variables, pre, names,
+                   f"safetensors ({layout} layout)", "safetensors")
+  return _finish(model, variables, pre, names, f"{layout} state dict", layout)
+
+
+def _timm_cfg(name):
+  from vit_jax.weights import layouts  # pylint: disable=import-outside-toplevel
+  return layouts.timm_preprocessing_cfg(name)
+
+
+def _load_dir(path: str, name, kw, src) -> Loaded:
+  """A Hugging Face model directory: timm's hub layout (``architecture`` in
+  config.json) or transformers' (``model_type``)."""
+  arrays, config, processor = files.read_model_dir(path)
+  if "architecture" in config:  # timm
+    arch_name = name or config["architecture"]
+    model, variables = build.from_state_dict(arrays, arch_name, layout="timm",
+                                             **kw)
+    cfg = dict(_timm_cfg(arch_name), **(config.get("pretrained_cfg") or {}))
+    pre = pp.from_timm_cfg(cfg)
+    names = config.get("label_names")
+    names = (labels.check_labels(list(names), model.num_classes or 0, src)
+             if names else _default_labels(model.num_classes))
+    return _finish(model, variables, pre, names, f"timm {arch_name}", "timm")
+  model_type = config.get("model_type")
+  if model_type != "vit":
+    raise ValueError(
+        f"config.json has model_type={model_type!r}: vit_jax loads timm hub "
+        f"repos and transformers' 'vit' models (ViTModel, "
+        f"ViTForImageClassification); for DINOv2, CLIP and SigLIP use their "
+        f"timm repos (hf-hub:timm/...).")
+  model, variables = build.from_state_dict(arrays, name, layout="transformers",
+                                           config=config, **kw)
+  pre = (pp.from_hf_processor(processor) if processor else
+         pp.Preprocessing(224, 224, "bilinear", pp.HALF, pp.HALF, "squash"))
+  id2label = config.get("id2label") or {}
+  names = [id2label.get(str(i), id2label.get(i)) for i in
+           range(model.num_classes or 0)] if id2label else None
+  if names and (None in names or all(n == f"LABEL_{i}" for i, n in
+                                     enumerate(names))):
+    names = None
+  return _finish(model, variables, pre,
+                 names or _default_labels(model.num_classes),
+                 f"transformers {config.get('_name_or_path') or src}",
+                 "transformers")
+
+
+def _load_orbax(path: str, name, image_size) -> Loaded:
+  from vit_jax import checkpoint, input_pipeline  # pylint: disable=import-outside-toplevel
+  import types  # pylint: disable=import-outside-toplevel
+
+  model, variables, info = checkpoint.load_for_inference(path)
+  if name:
+    build.check_name(_fields(model), name)
+  crop = int(info["image_size"])
+  run_pp = ((info.get("config") or {}).get("pp") or {})
+  resize = input_pipeline.eval_resize_size(
+      types.SimpleNamespace(
+          eval_crop_fraction=float(run_pp.get("eval_crop_fraction", 0.875))),
+      crop)
+  if image_size is not None and int(image_size) != crop:
+    variables = build.posemb.resize_posemb(
+        variables, image_size, model.patch_size,
+        num_prefix_tokens=0 if model.no_embed_class else model.num_prefix_tokens)
+    resize = int(round(int(image_size) * resize / crop))
+    crop = int(image_size)
+  pre = pp.Preprocessing(crop, resize, "bilinear", tuple(info["mean"]),
+                         tuple(info["std"]))
+  names = info.get("label_names")
+  names = labels.check_labels(names, model.num_classes or 0, path) if names else None
+  desc = (f"vit_jax training checkpoint (step {info.get('step')}, dataset "
+          f"{info.get('dataset')!r}): "
+          f"{trees.describe(_fields(model), image_size=crop)}")
+  return Loaded(model, variables, pre, names, desc, "orbax",
+                use_training_pipeline=True, info=dict(info))

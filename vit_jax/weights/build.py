@@ -1,0 +1,284 @@
+"""Weights in any layout -> ``(model, variables)``, in one pass down:
+
+    their state dict --(layout table)--> our flat tree --(arch_of)-->
+    architecture (+ what the name / config decides) --(models.get_model)-->
+    model --(check against its eval_shape tree)--> variables
+
+:func:`from_state_dict` takes torchvision's, timm's or transformers' names;
+:func:`from_tree` takes our own tree (Google ``.npz`` after its fix-ups, our
+safetensors, a training checkpoint). Both check the weights against the
+model they build, report every missing / unexpected / mis-shaped key by
+name (in the layout's own names), resample the position embedding for
+``image_size`` and stack the blocks for ``scan_layers=True``.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Dict, Mapping, Optional, Tuple
+
+import numpy as np
+
+from vit_jax import models
+from vit_jax.weights import check, layouts, mapping, posemb, trees
+
+# Architecture fields a caller may state about a checkpoint (they are checked
+# against the weights) as opposed to options of how to run it.
+_SIZE_FIELDS = ("hidden_size", "num_layers", "num_heads", "mlp_dim",
+                "patch_size")
+
+
+def normalise(state_dict, layout: mapping.Layout) -> Dict[str, np.ndarray]:
+  """Canonical keys (the layout's aliases applied) -> numpy arrays."""
+  from vit_jax.weights import files  # pylint: disable=import-outside-toplevel
+
+  sd = files.unwrap(state_dict, f"a {layout.name} state_dict")
+  keys = list(sd)
+  if keys and all(k.startswith("module.") for k in keys):
+    sd = {k[len("module."):]: v for k, v in sd.items()}
+  names = mapping.apply_aliases(layout, list(sd))
+  return {names[k]: v for k, v in sd.items()}
+
+
+def _width(layout: mapping.Layout, sd: Mapping[str, np.ndarray]) -> int:
+  for row in layout.flat_rows():
+    if row.ours == ("params/embedding/kernel",):
+      rx = mapping._regex(row.theirs)  # pylint: disable=protected-access
+      for k, v in sd.items():
+        if rx.match(k) and np.ndim(v) == 4:
+          return int(row.op.to_ours(np.asarray(v), 1)[0].shape[-1])
+  raise ValueError(
+      f"Not a {layout.name} ViT state dict: no patch-embedding weight "
+      f"({[r.theirs for r in layout.flat_rows() if r.ours == ('params/embedding/kernel',)]}"
+      f"); first keys: {list(sd)[:6]}.")
+
+
+def _refuse_unknown(layout: mapping.Layout, sd, unmatched) -> None:
+  """Keys of features we lack, or of another network, are refused here by
+  name; a few stray keys are left to the checker ("unexpected keys")."""
+  bad = sorted({f"{k} ({what})" for k in unmatched
+                for pat, what in layout.unsupported if pat in k})
+  if len(unmatched) > len(sd) // 2:
+    raise ValueError(
+        f"Not a {layout.name} VisionTransformer state dict (or one with parts "
+        f"vit_jax does not know): {len(unmatched)} of its {len(sd)} keys are "
+        f"no ViT parameter, e.g. {unmatched[:5]}. Is it another architecture "
+        f"(Swin, BEiT, EVA, ConvNeXt, ResNet...)?")
+  if not bad:
+    return
+  raise ValueError(
+      f"This {layout.name} checkpoint uses features vit_jax's "
+      f"VisionTransformer does not have: " + "; ".join(bad[:8]) +
+      (f" and {len(bad) - 8} more" if len(bad) > 8 else "") + ".")
+
+
+def check_name(arch: Mapping[str, Any], name: str,
+               stated: Optional[Mapping[str, Any]] = None) -> None:
+  """Raises if ``name`` (ours: ``vit_b_16``, ``B/16``; or timm's) describes
+  another size than the weights' ``arch``, naming both. ``stated`` size
+  fields (a custom-size checkpoint: ``num_layers=2``) replace the name's."""
+  parsed = layouts.parse_timm_name(name)
+  if parsed is not None:
+    want = {"hidden_size": parsed["width"], "num_layers": parsed["depth"],
+            "patch_size": parsed["patch_size"],
+            "num_registers": parsed["registers"]}
+    want = {k: v for k, v in want.items() if v is not None}
+  else:
+    try:
+      v = models.decode_variant(name)
+    except ValueError as e:
+      raise ValueError(f"{e} timm names such as 'vit_base_patch16_224' are "
+                       f"accepted too.") from None
+    want = {k: getattr(v, k) for k in _SIZE_FIELDS}
+  want.update({k: v for k, v in (stated or {}).items() if k in _SIZE_FIELDS})
+  diff = [f"{k} {arch.get(k)} (expected {want[k]})" for k in want
+          if arch.get(k) != want[k]]
+  if diff:
+    raise NameMismatch(
+        f"The checkpoint is not a {name}: it has {', '.join(diff)}. It looks "
+        f"like {trees.describe(arch)}; pass that variant instead.", want)
+
+
+class NameMismatch(ValueError):
+  """Weights of another size than their name says; ``sizes`` are the
+  name's."""
+
+  def __init__(self, message, sizes):
+    super().__init__(message)
+    self.sizes = sizes
+
+
+def _finish(variables, arch: Dict[str, Any], image_size, overrides,
+            what: str, their: Optional[Tuple[mapping.Layout, dict]] = None):
+  """arch -> model; check the weights against it; resample; stack."""
+  options = {k: v for k, v in overrides.items()
+             if k not in _SIZE_FIELDS and k != "image_size"}
+  model = models.get_model(arch, **options)
+  native = trees.native_image_size(variables, model)
+  want = check.expected(model, native or 224)
+  have = check.shapes(trees.flatten(variables))
+  pos = "params/Transformer/posembed_input/pos_embedding"
+  if native is None and pos in have and pos in want:  # a non-square grid
+    want[pos] = have[pos][:2] + want[pos][2:]
+  if their is None:
+    check.check_keys(have, want, what)
+  else:
+    layout, sd = their
+    check.check_keys(check.shapes(sd), mapping.expected(layout, want), what)
+  if image_size is not None:
+    variables = posemb.resize_posemb(
+        variables, image_size, model.patch_size,
+        num_prefix_tokens=0 if model.no_embed_class else model.num_prefix_tokens)
+  if model.scan_layers:
+    variables = trees.stack_layers(variables)
+  return model, variables
+
+
+def _arch(variables, name, overrides, hints, image_size_hint=None):
+  arch = trees.arch_of(variables, conv_stem=overrides.get("conv_stem"),
+                       patch_size=overrides.get("patch_size") or (
+                           _name_patch(name)), image_size=image_size_hint)
+  for k, v in hints.items():
+    if k != "num_heads":
+      arch[k] = v
+  stated = {k: overrides[k] for k in _SIZE_FIELDS
+            if overrides.get(k) is not None}
+  if name is not None:
+    check_name(arch, name, stated)
+  else:
+    diff = [f"{k}={arch[k]}, not {v} as given" for k, v in stated.items()
+            if arch[k] != v]
+    if diff:  # stated sizes describe the checkpoint: check them
+      raise ValueError(f"The checkpoint has {'; '.join(diff)}. It looks like "
+                       f"{trees.describe(arch)}.")
+  return arch
+
+
+def _name_patch(name: Optional[str]) -> Optional[int]:
+  if name is None:
+    return None
+  parsed = layouts.parse_timm_name(name)
+  if parsed is not None:
+    return parsed["patch_size"]
+  try:
+    return models.decode_variant(name).patch_size
+  except ValueError:
+    return None
+
+
+def _heads(name, num_heads, hints, width) -> int:
+  if num_heads:
+    return int(num_heads)
+  if hints.get("num_heads"):
+    return int(hints["num_heads"])
+  if name is not None and layouts.parse_timm_name(name) is None:
+    try:
+      v = models.decode_variant(name)
+      if v.hidden_size == width:
+        return v.num_heads
+    except ValueError:
+      pass
+  return layouts.heads_for_width(width)
+
+
+def from_state_dict(state_dict, name: Optional[str] = None, *,
+                    layout: Optional[str] = None,
+                    config: Optional[Mapping[str, Any]] = None,
+                    image_size=None, num_heads: Optional[int] = None,
+                    **overrides):
+  """A torchvision / timm / transformers ViT state dict -> (model, variables).
+
+  Args:
+    state_dict: names -> tensors or arrays (a torch module, or a training
+      checkpoint ``{'model': ...}``, is unwrapped).
+    name: the model's name: ours (``vit_b_16``, ``B/16``) or timm's
+      (``vit_small_patch14_reg4_dinov2``): it decides what the keys cannot
+      (timm's activation, LayerNorm epsilon, heads) and is checked against
+      the weights.
+    layout: 'torchvision', 'timm' or 'transformers' (default: from the keys).
+    config: a Hugging Face ``config.json`` (transformers layout).
+    image_size: resample the position embedding for this resolution.
+    num_heads: the heads, where neither the name nor the width says.
+    **overrides: :class:`~vit_jax.models.VisionTransformer` options (dtype,
+      scan_layers, ...); size fields (``num_layers``...) are checked.
+  """
+  if num_heads:  # stated like any size field: checked against the weights
+    overrides = dict(overrides, num_heads=int(num_heads))
+  sd0 = state_dict
+  layout = layout or layouts.detect(list(_keys(sd0)))
+  if layout is None:
+    keys = list(_keys(sd0))
+    raise ValueError(
+        "Not a Vision Transformer checkpoint of torchvision's, timm's or "
+        "transformers' layout (no 'conv_proj' / 'encoder.layers.*', "
+        "'patch_embed' / 'blocks.*' nor 'embeddings.patch_embeddings' keys); "
+        f"it has {len(keys)} entries, e.g. {keys[:5]}. Is it another "
+        f"architecture (e.g. a ResNet)?")
+  table = layouts.LAYOUTS[layout]
+  sd = normalise(sd0, table)
+  hints: Dict[str, Any] = {}
+  if layout == "timm" and name is not None:
+    hints = layouts.timm_hints(name)
+  elif layout == "transformers":
+    hints = layouts.transformers_hints(config or {})
+  _refuse_unknown(table, sd, mapping.unmatched(table, sd))
+  heads = _heads(name, overrides.get("num_heads"), hints,
+                 _width(table, sd))
+  flat, _ = mapping.to_ours(table, sd, heads)
+  variables = trees.unflatten(flat)
+  if "params" not in variables:
+    raise ValueError(f"Not a {layout} ViT state dict: none of its keys maps "
+                     f"to a parameter.")
+  hints = {**hints, **dict(table.fixed)}
+  hint = _native_hint(layout, name, config)
+  what = f"{layout}'s "
+  try:
+    arch = _arch(variables, name, overrides, hints, image_size_hint=hint)
+  except NameMismatch as e:
+    # List, in their names, everything that differs from the named model.
+    arch = dict(_arch(variables, None, {}, hints, image_size_hint=hint),
+                **e.sizes)
+    try:
+      _finish(variables, arch, None, overrides, what + name, (table, sd))
+    except ValueError as check_error:
+      raise ValueError(f"{e}\n{check_error}") from None
+    raise
+  return _finish(variables, arch, image_size, overrides,
+                 what + (name or trees.describe(arch)), (table, sd))
+
+
+def _native_hint(layout, name, config):
+  """The checkpoint's resolution where the name or config says it."""
+  if config and config.get("image_size"):
+    return config["image_size"]
+  if layout == "timm" and name is not None:
+    parsed = layouts.parse_timm_name(name)
+    return parsed and parsed["image_size"]
+  return None
+
+
+def _keys(sd):
+  if hasattr(sd, "state_dict") and callable(sd.state_dict):
+    sd = sd.state_dict()
+  for key in ("model", "state_dict", "model_state_dict", "module"):
+    if isinstance(sd, Mapping) and key in sd and isinstance(sd[key], Mapping):
+      sd = sd[key]
+  return sd.keys() if isinstance(sd, Mapping) else ()
+
+
+def from_tree(variables, name: Optional[str] = None, *, image_size=None,
+              arch: Optional[Mapping[str, Any]] = None, **overrides):
+  """Our own tree (per-layer or scanned) -> (model, variables). ``arch``
+  (e.g. stored beside the weights) takes precedence over what is read."""
+  variables = trees.unstack_layers(trees.wrap(variables))
+  stored = {k: v for k, v in (arch or {}).items() if k in models.FIELDS}
+  stem = {"conv_stem": stored["conv_stem"]} if stored.get("conv_stem") else {}
+  read = _arch(variables, name, {**stem, **overrides}, {})
+  read.update(stored)
+  what = name or trees.describe(read)
+  return _finish(variables, read, image_size, overrides, what)
+
+
+def to_state_dict(variables, layout: str) -> "Dict[str, np.ndarray]":
+  """Our tree -> a state dict in ``layout`` (numpy, float32)."""
+  flat = trees.flatten(trees.wrap(trees.unstack_layers(trees.wrap(variables))))
+  return mapping.to_theirs(layouts.LAYOUTS[layout], flat)

@@ -1,0 +1,322 @@
+"""The table-driven mapper between a PyTorch-style state dict and our tree.
+
+A layout (:mod:`vit_jax.weights.layouts`) is a list of rows: *their key
+pattern*, *our path(s)*, and an :class:`Op` saying how the tensor maps
+(a torch Linear's transposed weight, a conv's OIHW kernel, q/k/v fused in
+one tensor, ...). Patterns hold ``{i}``-style placeholders for layer indices.
+From the one table come both directions and the list of keys a model
+expects, so they cannot drift apart:
+
+* :func:`to_ours`: their state dict -> our flat tree (and the keys no row
+  claims);
+* :func:`to_theirs`: our flat tree -> their state dict, in the table's order
+  (which is the library's own ``state_dict()`` order);
+* :func:`expected`: our flat *shapes* (the model's ``eval_shape`` tree) ->
+  their keys and shapes, for the one checker.
+
+Our flat paths name the collection first (``params/embedding/kernel``).
+"""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+import re
+from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple
+
+import numpy as np
+
+from vit_jax.weights import trees
+
+# --------------------------------------------------------------------------- #
+# How one of their tensors relates to ours.
+# --------------------------------------------------------------------------- #
+
+
+@dataclasses.dataclass(frozen=True)
+class Op:
+  """``to_ours(x, num_heads) -> [ours...]``; ``to_theirs([ours...]) -> x``;
+  ``shape([our shapes...]) -> their shape``."""
+
+  name: str
+  to_ours: Callable[[np.ndarray, int], List[np.ndarray]]
+  to_theirs: Callable[[List[np.ndarray]], np.ndarray]
+  shape: Callable[[List[Tuple[int, ...]]], Tuple[int, ...]]
+
+
+def _t(s):
+  return tuple(s)[::-1]
+
+
+RAW = Op("raw", lambda x, h: [x], lambda o: o[0], lambda s: tuple(s[0]))
+# torch Linear weight (out, in) <-> linen Dense kernel (in, out).
+DENSE = Op("dense", lambda x, h: [x.T], lambda o: o[0].T, lambda s: _t(s[0]))
+# torch Conv2d weight (O, I, kh, kw) <-> linen Conv kernel (kh, kw, I, O).
+CONV = Op("conv", lambda x, h: [x.transpose(2, 3, 1, 0)],
+          lambda o: o[0].transpose(3, 2, 0, 1),
+          lambda s: (s[0][3], s[0][2], s[0][0], s[0][1]))
+# torch Linear (H*hd, D) <-> our query/key/value kernel (D, H, hd).
+HEADS = Op("heads", lambda x, h: [x.T.reshape(x.shape[1], h, -1)],
+           lambda o: o[0].reshape(o[0].shape[0], -1).T,
+           lambda s: (s[0][1] * s[0][2], s[0][0]))
+HEADS_BIAS = Op("heads_bias", lambda x, h: [x.reshape(h, -1)],
+                lambda o: o[0].reshape(-1), lambda s: (s[0][0] * s[0][1],))
+# torch Linear (D, H*hd) <-> our out kernel (H, hd, D).
+OUT = Op("out", lambda x, h: [x.T.reshape(h, -1, x.shape[0])],
+         lambda o: o[0].reshape(-1, o[0].shape[-1]).T,
+         lambda s: (s[0][2], s[0][0] * s[0][1]))
+
+
+def fused(op: Op, n: int) -> Op:
+  """``n`` of ours concatenated along their first axis (timm's ``qkv``,
+  torchvision's ``in_proj_weight``, the MAP head's ``kv``)."""
+  def to_ours(x, h):
+    if x.shape[0] % n:
+      raise ValueError(f"first axis {x.shape[0]} is not divisible by {n}")
+    return [op.to_ours(part, h)[0] for part in np.split(x, n, axis=0)]
+
+  def shape(s):
+    one = [op.shape([si]) for si in s]
+    return (sum(o[0] for o in one),) + tuple(one[0][1:])
+  return Op(f"fused{n}({op.name})", to_ours,
+            lambda o: np.concatenate([op.to_theirs([x]) for x in o]), shape)
+
+
+def expand(k: int) -> Op:
+  """Theirs without ``k`` leading unit axes (Hugging Face CLIP's
+  ``class_embedding`` (D,) for our ``cls`` (1, 1, D))."""
+  return Op(f"expand{k}", lambda x, h: [x.reshape((1,) * k + x.shape)],
+            lambda o: o[0].reshape(o[0].shape[k:]), lambda s: tuple(s[0][k:]))
+
+
+def const(value) -> Op:
+  """A tensor of theirs with nothing of ours behind it (BatchNorm's
+  ``num_batches_tracked``): dropped on the way in, ``value`` on the way out.
+  The row's own path is only the anchor that says whether it exists."""
+  value = np.asarray(value)
+  return Op("const", lambda x, h: [], lambda o: value.copy(),
+            lambda s: value.shape)
+
+
+# --------------------------------------------------------------------------- #
+# Rows and layouts.
+# --------------------------------------------------------------------------- #
+
+
+@dataclasses.dataclass(frozen=True)
+class Row:
+  theirs: str
+  ours: Tuple[str, ...]
+  op: Op = RAW
+  when: Optional[Callable[[Mapping[str, Any]], bool]] = None  # on our tree
+
+
+@dataclasses.dataclass(frozen=True)
+class Repeat:
+  """Rows repeated for every index of a placeholder (the blocks): their
+  keys come out index by index, as in the library's ``state_dict()``."""
+
+  rows: Tuple[Row, ...]
+
+
+@dataclasses.dataclass(frozen=True)
+class Layout:
+  """A PyTorch-side naming of our tree.
+
+  ``aliases``: (regex, replacement) applied to incoming keys (legacy names,
+  wrapper prefixes); ``unsupported``: key fragments of features we do not
+  have, with what they are (named in the error); ``fixed``: model fields
+  every model of the layout has (torchvision's ViT always has a class
+  token), which a damaged state dict must not change.
+  """
+
+  name: str
+  rows: Tuple[Any, ...]
+  aliases: Tuple[Tuple[str, str], ...] = ()
+  unsupported: Tuple[Tuple[str, str], ...] = ()
+  fixed: Tuple[Tuple[str, Any], ...] = ()
+
+  def flat_rows(self) -> List[Row]:
+    out = []
+    for r in self.rows:
+      out.extend(r.rows if isinstance(r, Repeat) else [r])
+    return out
+
+
+def dense(theirs: str, ours: str, bias: bool = True, op: Op = DENSE) -> Tuple[Row, ...]:
+  """A torch Linear ``{theirs}weight/bias`` <-> linen ``{ours}/kernel,bias``."""
+  rows = (Row(theirs + "weight", (ours + "/kernel",), op),)
+  if bias:
+    rows += (Row(theirs + "bias", (ours + "/bias",)),)
+  return rows
+
+
+def norm(theirs: str, ours: str) -> Tuple[Row, ...]:
+  """A torch LayerNorm ``weight/bias`` <-> linen ``scale/bias``."""
+  return (Row(theirs + "weight", (ours + "/scale",)),
+          Row(theirs + "bias", (ours + "/bias",)))
+
+
+def conv(theirs: str, ours: str) -> Tuple[Row, ...]:
+  return dense(theirs, ours, op=CONV)
+
+
+def fused_qkv(theirs_w: str, theirs_b: str, ours: str,
+              names=("query", "key", "value")) -> Tuple[Row, ...]:
+  """q, k, v (or k, v) stacked in one torch tensor pair."""
+  n = len(names)
+  return (Row(theirs_w, tuple(f"{ours}/{q}/kernel" for q in names),
+              fused(HEADS, n)),
+          Row(theirs_b, tuple(f"{ours}/{q}/bias" for q in names),
+              fused(HEADS_BIAS, n)))
+
+
+def split_qkv(theirs: str, ours: str, names=("query", "key", "value"),
+              out: str = "out") -> Tuple[Row, ...]:
+  """Separate torch Linears ``{theirs}{q}.weight`` for each of q, k, v, and
+  the output projection ``{theirs}{out}.``."""
+  rows: Tuple[Row, ...] = ()
+  for them, us in zip(names, ("query", "key", "value")):
+    rows += (Row(f"{theirs}{them}.weight", (f"{ours}/{us}/kernel",), HEADS),
+             Row(f"{theirs}{them}.bias", (f"{ours}/{us}/bias",), HEADS_BIAS))
+  return rows
+
+
+def out_proj(theirs: str, ours: str) -> Tuple[Row, ...]:
+  return dense(theirs, ours + "/out", op=OUT)
+
+
+# --------------------------------------------------------------------------- #
+# The mapper.
+# --------------------------------------------------------------------------- #
+
+_PLACEHOLDER = re.compile(r"\{(\w+)\}")
+
+
+def _regex(pattern: str) -> "re.Pattern":
+  parts, pos = [], 0
+  for m in _PLACEHOLDER.finditer(pattern):
+    parts.append(re.escape(pattern[pos:m.start()]))
+    parts.append(f"(?P<{m.group(1)}>\\d+)")
+    pos = m.end()
+  parts.append(re.escape(pattern[pos:]))
+  return re.compile("^" + "".join(parts) + "$")
+
+
+def _fill(pattern: str, bindings: Mapping[str, str]) -> str:
+  return _PLACEHOLDER.sub(lambda m: str(bindings[m.group(1)]), pattern)
+
+
+def apply_aliases(layout: Layout, keys: Sequence[str]) -> Dict[str, str]:
+  """{incoming key: canonical key} after the layout's aliases."""
+  out = {}
+  for k in keys:
+    new = k
+    for pat, rep in layout.aliases:
+      new = re.sub(pat, rep, new)
+    out[k] = new
+  return out
+
+
+def unmatched(layout: Layout, keys) -> List[str]:
+  """The keys no row of the layout claims."""
+  rxs = [_regex(r.theirs) for r in layout.flat_rows()]
+  return [k for k in keys if not any(rx.match(k) for rx in rxs)]
+
+
+def to_ours(layout: Layout, state_dict: Mapping[str, np.ndarray],
+            num_heads: int) -> Tuple[Dict[str, np.ndarray], List[str]]:
+  """Their (canonical-key) state dict -> (our flat tree, keys no row maps).
+
+  A tensor whose shape cannot be mapped (e.g. a fused q/k/v weight whose
+  first axis is not divisible by 3) is left out; the checker then names it
+  as mis-shaped."""
+  matchers = [(_regex(r.theirs), r) for r in layout.flat_rows()]
+  flat: Dict[str, np.ndarray] = {}
+  unmatched = []
+  for key, value in state_dict.items():
+    for rx, row in matchers:
+      m = rx.match(key)
+      if m:
+        break
+    else:
+      unmatched.append(key)
+      continue
+    try:
+      values = row.op.to_ours(np.asarray(value), num_heads)
+    except ValueError:
+      continue
+    for path, v in zip(row.ours, values):
+      flat[_fill(path, m.groupdict())] = v
+  return flat, unmatched
+
+
+def _instances(row: Row, flat: Mapping[str, Any]):
+  """Every binding of the row's placeholders whose our paths all exist."""
+  rx = _regex(row.ours[0])
+  found = []
+  for key in flat:
+    m = rx.match(key)
+    if m:
+      b = m.groupdict()
+      if all(_fill(p, b) in flat for p in row.ours):
+        found.append(b)
+  return found
+
+
+def _emit(layout: Layout, flat: Mapping[str, Any], fn,
+          used: Optional[set] = None) -> "collections.OrderedDict":
+  out = collections.OrderedDict()
+  used = set() if used is None else used
+
+  def emit(row, b):
+    if row.when is not None and not row.when(flat):
+      return
+    paths = [_fill(p, b) for p in row.ours]
+    out[_fill(row.theirs, b)] = fn(row.op, [flat[p] for p in paths])
+    used.update(paths)
+
+  for entry in layout.rows:
+    if isinstance(entry, Repeat):
+      per_row = [(r, _instances(r, flat)) for r in entry.rows]
+      indices = sorted({tuple(sorted(b.items())) for _, bs in per_row for b in bs},
+                       key=lambda t: [int(v) for _, v in t])
+      for idx in indices:
+        b = dict(idx)
+        for r, bs in per_row:
+          if b in bs:
+            emit(r, b)
+    else:
+      for b in _instances(entry, flat):
+        emit(entry, b)
+  return out
+
+
+def _float32(x):
+  x = trees.to_numpy(x)
+  return x.astype(np.float32) if x.dtype.kind in "fV" else x
+
+
+def to_theirs(layout: Layout, flat: Mapping[str, Any]) -> "collections.OrderedDict":
+  """Our flat tree -> their state dict (float32 numpy, contiguous), in table
+  order. Raises naming what of ours the layout has no place for."""
+  used = set()
+
+  def convert(op, vals):
+    return op.to_theirs([_float32(x) for x in vals])
+
+  out = _emit(layout, flat, convert, used)
+  left = sorted(set(flat) - used)
+  if left:
+    raise ValueError(
+        f"{layout.name}'s layout has no place for {len(left)} of these "
+        f"variables: {left[:8]}{' ...' if len(left) > 8 else ''}. The model "
+        f"has a feature that {layout.name} cannot hold.")
+  return collections.OrderedDict(
+      (k, np.ascontiguousarray(v)) for k, v in out.items())
+
+
+def expected(layout: Layout, shapes: Mapping[str, Tuple[int, ...]]
+             ) -> "collections.OrderedDict":
+  """Our flat shapes (a model's eval_shape tree) -> their keys and shapes."""
+  return _emit(layout, shapes, lambda op, s: tuple(op.shape(list(s))))

@@ -1,0 +1,279 @@
+"""Our parameter tree as data: numpy conversion, flat '/'-joined paths, the
+scanned <-> per-layer layouts, and the architecture read back from a tree.
+
+Flat paths name the collection first (``params/Transformer/encoderblock_0/
+LayerNorm_0/scale``, ``batch_stats/stem_bns_0/mean``): one string says where a
+tensor lives in ``model.init``'s variables.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any, Callable, Dict, Mapping, Optional
+
+import numpy as np
+
+from vit_jax import models
+
+_BLOCK = re.compile(r"^encoderblock_(\d+)$")
+
+
+def to_numpy(x) -> np.ndarray:
+  """torch tensor / jax array / numpy -> numpy. torch's float16/bfloat16
+  become float32 (numpy cannot hold torch's bfloat16); a bfloat16 saved by
+  numpy (2-byte void) is read as ml_dtypes' bfloat16 and kept."""
+  if hasattr(x, "detach"):  # torch.Tensor, without importing torch
+    x = x.detach().cpu()
+    if str(x.dtype) in ("torch.bfloat16", "torch.float16"):
+      x = x.float()
+    return x.numpy().copy()  # .numpy() would share the tensor's memory
+  x = np.asarray(x)
+  if x.dtype.kind == "V" and x.dtype.itemsize == 2:  # bfloat16 via np.savez
+    import ml_dtypes  # pylint: disable=import-outside-toplevel
+    x = x.view(ml_dtypes.bfloat16)
+  return x
+
+
+def f32(x) -> np.ndarray:
+  return np.ascontiguousarray(np.asarray(to_numpy(x), dtype=np.float32))
+
+
+def tree_map(fn: Callable, tree):
+  """Maps the leaves of a tree of dicts (no JAX needed)."""
+  if isinstance(tree, Mapping):
+    return {k: tree_map(fn, v) for k, v in tree.items()}
+  return fn(tree)
+
+
+def flatten(tree: Mapping[str, Any], prefix: str = "") -> Dict[str, Any]:
+  out = {}
+  for k, v in tree.items():
+    if isinstance(v, Mapping):
+      out.update(flatten(v, f"{prefix}{k}/"))
+    else:
+      out[f"{prefix}{k}"] = v
+  return out
+
+
+def unflatten(flat: Mapping[str, Any]) -> dict:
+  tree: dict = {}
+  for key, value in flat.items():
+    node = tree
+    *parents, leaf = key.split("/")
+    for p in parents:
+      node = node.setdefault(p, {})
+      if not isinstance(node, dict):
+        raise ValueError(f"Key {key!r} nests under a leaf")
+    node[leaf] = value
+  return tree
+
+
+def params_of(variables):
+  return variables["params"] if "params" in variables else variables
+
+
+def wrap(variables) -> dict:
+  """``{'params': ...}`` for a bare params tree; variables as they are."""
+  variables = dict(variables)
+  return variables if "params" in variables else {"params": variables}
+
+
+def _with_transformer(variables, fn):
+  is_wrapped = "params" in variables
+  p = dict(params_of(variables))
+  p["Transformer"] = fn(dict(p["Transformer"]))
+  return dict(variables, params=p) if is_wrapped else p
+
+
+def unstack_layers(variables):
+  """Scanned tree (``Transformer/encoderblock`` with a leading layer axis)
+  -> per-layer tree (``encoderblock_{i}``); other trees come back as is."""
+  if "encoderblock" not in params_of(variables).get("Transformer", {}):
+    return variables
+
+  def fn(tr):
+    stacked = tr.pop("encoderblock")
+    n = len(next(iter(flatten(stacked).values())))
+    for i in range(n):
+      tr[f"encoderblock_{i}"] = tree_map(lambda x, i=i: x[i], stacked)
+    return tr
+  return _with_transformer(variables, fn)
+
+
+def stack_layers(variables):
+  """Per-layer tree -> scanned tree (for ``scan_layers=True`` models)."""
+  tr = params_of(variables).get("Transformer", {})
+  names = sorted((k for k in tr if _BLOCK.match(k)),
+                 key=lambda k: int(_BLOCK.match(k).group(1)))
+  if not names:
+    return variables
+
+  def fn(tr):
+    blocks = [flatten(tr.pop(k)) for k in names]
+    tr["encoderblock"] = unflatten({
+        k: np.stack([np.asarray(b[k]) for b in blocks]) for k in blocks[0]})
+    return tr
+  return _with_transformer(variables, fn)
+
+
+def num_layers(params) -> int:
+  tr = params["Transformer"]
+  if "encoderblock" in tr:
+    return int(np.shape(tr["encoderblock"]["LayerNorm_0"]["scale"])[0])
+  return len([k for k in tr if _BLOCK.match(k)])
+
+
+def _is_square(n: int) -> bool:
+  s = int(round(np.sqrt(n)))
+  return s * s == n
+
+
+def arch_of(variables, *, conv_stem=None, patch_size=None,
+            image_size=None) -> dict:
+  """The :class:`~vit_jax.models.VisionTransformer` fields that a tree in
+  our layout (per-layer or scanned) determines: the one place the
+  architecture is read back from weights.
+
+  What no tree stores comes from elsewhere: the activation and LayerNorm
+  epsilon (the family's), a conv stem's strides (``conv_stem``, else
+  inferred from ``patch_size`` as torchvision's published stems have them).
+  ``image_size`` (the checkpoint's resolution, when known) settles whether
+  the position embedding has rows for the prefix tokens.
+  """
+  p = params_of(variables)
+  missing = [k for k in ("embedding", "Transformer") if k not in p]
+  if missing:
+    raise ValueError(f"Not a ViT parameter tree: no {missing} at the top "
+                     f"(found {sorted(p)[:10]}).")
+  tr = p["Transformer"]
+  depth = num_layers(p)
+  if not depth:
+    raise ValueError("Not a ViT parameter tree: no Transformer/encoderblock_N")
+  blk = tr["encoderblock"] if "encoderblock" in tr else tr["encoderblock_0"]
+  lead = 1 if "encoderblock" in tr else 0
+  shape = lambda x: tuple(np.shape(x))[lead:]  # noqa: E731
+  try:
+    attn = blk["MultiHeadDotProductAttention_0"]
+    q = shape(attn["query"]["kernel"])
+    mlp = shape(blk["MlpBlock_0"]["Dense_0"]["kernel"])[-1]
+  except (KeyError, TypeError) as e:
+    raise ValueError(f"encoderblock_0 is not a ViT block (missing {e}); it "
+                     f"has {sorted(blk)}") from None
+  emb = np.shape(p["embedding"]["kernel"])
+  arch: Dict[str, Any] = dict(
+      hidden_size=int(emb[-1]), num_layers=depth, num_heads=int(q[1]),
+      mlp_dim=int(mlp), patch_size=int(emb[0]),
+      qkv_bias="bias" in attn["query"], patch_bias="bias" in p["embedding"],
+      # Any value: loaded weights overwrite the initial scale.
+      layer_scale_init=1e-5 if "LayerScale_0" in blk else None,
+      pre_norm="pre_norm" in tr, fc_norm="fc_norm" in p,
+      num_registers=int(np.shape(p["registers"])[1]) if "registers" in p else 0)
+  if "MAPHead_0" in p:
+    arch["classifier"] = "map"
+  elif "cls" in p:
+    arch["classifier"] = "token"
+  else:
+    arch["classifier"] = "gap"
+
+  stems = sorted((k for k in p if k.startswith("stem_convs_")),
+                 key=lambda k: int(k.rsplit("_", 1)[1]))
+  if stems:
+    pairs = [(int(np.shape(p[k]["kernel"])[-1]), int(np.shape(p[k]["kernel"])[0]))
+             for k in stems]
+    arch["conv_stem"] = _stem(pairs, conv_stem, patch_size)
+    arch["patch_size"] = int(np.prod([c.stride for c in arch["conv_stem"]]))
+  else:
+    arch["conv_stem"] = None
+
+  head = p.get("head", {}).get("kernel")
+  rep = p.get("pre_logits", {}).get("kernel")
+  arch["num_classes"] = int(np.shape(head)[-1]) if head is not None else 0
+  arch["representation_size"] = (int(np.shape(rep)[-1]) if rep is not None
+                                 else None)
+
+  # The position embedding has a row per patch, and one per prefix token
+  # unless the prefix tokens get none (no_embed_class).
+  rows = int(np.shape(tr["posembed_input"]["pos_embedding"])[1])
+  prefix = int(arch["classifier"] == "token") + arch["num_registers"]
+  if image_size is not None:
+    h, w = models._pair(image_size)  # pylint: disable=protected-access
+    grid = (h // arch["patch_size"]) * (w // arch["patch_size"])
+    no_embed_class = rows == grid and prefix > 0
+  else:
+    no_embed_class = (prefix > 0 and _is_square(rows) and
+                      not _is_square(rows - prefix))
+  arch["no_embed_class"] = bool(no_embed_class)
+  return arch
+
+
+def native_image_size(variables, model) -> Optional[int]:
+  """The square input size the position embedding was made for (None when
+  its patch rows do not form a square)."""
+  p = params_of(variables)
+  rows = int(np.shape(p["Transformer"]["posembed_input"]["pos_embedding"])[1])
+  patches = rows if model.no_embed_class else rows - model.num_prefix_tokens
+  side = int(round(np.sqrt(max(patches, 0))))
+  return side * model.patch_size if side * side == patches else None
+
+
+def _stem(pairs, conv_stem, patch_size):
+  """Conv-stem layers from the weights' (out_channels, kernel) pairs and the
+  given strides (checked against the pairs), or strides inferred."""
+  if conv_stem is None:
+    if patch_size is None:
+      raise ValueError("This tree has a conv stem, whose strides are not "
+                       "stored in weights: pass conv_stem (or the variant "
+                       "name, which gives the patch size).")
+    return infer_stem_strides(
+        [models.ConvStemConfig(c, k, 1) for c, k in pairs], patch_size)
+  given = [c if isinstance(c, models.ConvStemConfig)
+           else models.ConvStemConfig(*c) for c in conv_stem]
+  if [(c.out_channels, c.kernel_size) for c in given] != pairs:
+    raise ValueError(
+        f"conv_stem (out_channels, kernel_size) per layer "
+        f"{[(c.out_channels, c.kernel_size) for c in given]} does not match "
+        f"the weights' stem {pairs}.")
+  return tuple(given)
+
+
+def infer_stem_strides(stem, patch_size: int):
+  """torchvision's published conv stems halve the resolution per layer:
+  strides 2 until they multiply to the patch size, 1 afterwards."""
+  out, total = [], 1
+  for c in stem:
+    s = 2 if total < patch_size else 1
+    out.append(models.ConvStemConfig(c.out_channels, c.kernel_size, s))
+    total *= s
+  if stem and total != patch_size:
+    raise ValueError(
+        f"Cannot infer conv-stem strides: {len(stem)} stride-2 layers give "
+        f"{total}, not the patch size {patch_size}. Pass the stem with its "
+        f"strides: conv_stem=[ConvStemConfig(out_channels, kernel_size, "
+        f"stride), ...].")
+  return tuple(out)
+
+
+def describe(arch: Mapping[str, Any], name: Optional[str] = None,
+             image_size: Optional[int] = None) -> str:
+  """One line: ``vit_b_16 (width 768, 12 layers, 12 heads, MLP 3072, ...)``."""
+  parts = [f"width {arch.get('hidden_size')}", f"{arch.get('num_layers')} layers",
+           f"{arch.get('num_heads')} heads", f"MLP {arch.get('mlp_dim')}",
+           f"patch {arch.get('patch_size')}"]
+  if arch.get("conv_stem"):
+    parts.append(f"conv stem of {len(arch['conv_stem'])} layers")
+  if arch.get("classifier", "token") != "token":
+    parts.append(f"classifier {arch['classifier']!r}")
+  for key, what in (("num_registers", "registers"),):
+    if arch.get(key):
+      parts.append(f"{arch[key]} {what}")
+  for key in ("layer_scale_init", "pre_norm", "fc_norm", "no_embed_class"):
+    if arch.get(key):
+      parts.append(key.replace("_init", "").replace("_", " "))
+  if arch.get("act", "gelu") != "gelu":
+    parts.append(arch["act"])
+  if arch.get("representation_size"):
+    parts.append(f"pre_logits {arch['representation_size']}")
+  parts.append(f"{arch.get('num_classes') or 'no'} classes")
+  if image_size:
+    parts.append(f"{image_size}px")
+  return f"{name or models.variant_name(arch) or 'a ViT'} ({', '.join(parts)})"
