@@ -73,22 +73,20 @@ def _refuse_unknown(layout: mapping.Layout, sd, unmatched) -> None:
 
 def check_name(arch: Mapping[str, Any], name: str,
                stated: Optional[Mapping[str, Any]] = None) -> None:
-  """Raises if ``name`` (ours: ``vit_b_16``, ``B/16``; or timm's) describes
+  """Raises if our variant ``name`` (``vit_b_16``, ``B/16``) describes
   another size than the weights' ``arch``, naming both. ``stated`` size
-  fields (a custom-size checkpoint: ``num_layers=2``) replace the name's."""
-  parsed = layouts.parse_timm_name(name)
-  if parsed is not None:
-    want = {"hidden_size": parsed["width"], "num_layers": parsed["depth"],
-            "patch_size": parsed["patch_size"],
-            "num_registers": parsed["registers"]}
-    want = {k: v for k, v in want.items() if v is not None}
-  else:
-    try:
-      v = models.decode_variant(name)
-    except ValueError as e:
-      raise ValueError(f"{e} timm names such as 'vit_base_patch16_224' are "
-                       f"accepted too.") from None
-    want = {k: getattr(v, k) for k in _SIZE_FIELDS}
+  fields (a custom-size checkpoint: ``num_layers=2``) replace the name's.
+  A timm name is not checked: it decides only what the keys cannot (the
+  activation, epsilon, heads); people build timm models at other depths
+  and resolutions under the same name."""
+  if layouts.parse_timm_name(name) is not None:
+    return
+  try:
+    v = models.decode_variant(name)
+  except ValueError as e:
+    raise ValueError(f"{e} timm names such as 'vit_base_patch16_224' are "
+                     f"accepted too.") from None
+  want = {k: getattr(v, k) for k in _SIZE_FIELDS}
   want.update({k: v for k, v in (stated or {}).items() if k in _SIZE_FIELDS})
   diff = [f"{k} {arch.get(k)} (expected {want[k]})" for k in want
           if arch.get(k) != want[k]]
@@ -168,9 +166,11 @@ def _name_patch(name: Optional[str]) -> Optional[int]:
 def _heads(name, num_heads, hints, width) -> int:
   if num_heads:
     return int(num_heads)
-  if hints.get("num_heads"):
+  parsed = layouts.parse_timm_name(name) if name else None
+  if hints.get("num_heads") and (parsed is None or parsed["width"] in (
+      None, width)):
     return int(hints["num_heads"])
-  if name is not None and layouts.parse_timm_name(name) is None:
+  if name is not None and parsed is None:
     try:
       v = models.decode_variant(name)
       if v.hidden_size == width:

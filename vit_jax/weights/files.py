@@ -181,17 +181,16 @@ def hub_dir(source: str) -> str:
     config = hf_hub_download(repo, "config.json", revision=revision)
   except LocalEntryNotFoundError as e:
     raise FileNotFoundError(
-        f"{source}: config.json of {repo} is not in the local Hugging Face "
-        f"cache ({_cache_dir()}) and " +
-        ("HF_HUB_OFFLINE is set" if offline else
-         "the Hub cannot be reached") +
+        f"config.json of {repo} is not in the local Hugging Face cache "
+        f"({_cache_dir()}) and " +
+        ("HF_HUB_OFFLINE is set" if offline else "the Hub cannot be reached") +
         f". Fetch it on a machine with internet access with\n"
-        f"    huggingface-cli download {repo} config.json model.safetensors "
+        f"    hf download {repo} config.json model.safetensors "
         f"preprocessor_config.json\nand copy the cache here (or pass the "
         f"downloaded directory itself). ({type(e).__name__})") from None
   except Exception as e:  # repository not found, gated, network errors
-    raise FileNotFoundError(f"{source}: cannot fetch {repo} from the Hugging "
-                            f"Face Hub: {type(e).__name__}: {e}") from None
+    raise FileNotFoundError(f"cannot fetch {repo} from the Hugging Face Hub: "
+                            f"{type(e).__name__}: {e}") from None
   folder = os.path.dirname(config)
   for name in WEIGHT_FILES + ("preprocessor_config.json",):
     try:
@@ -202,10 +201,9 @@ def hub_dir(source: str) -> str:
       continue  # e.g. offline without that optional file
   if not any(os.path.isfile(os.path.join(folder, n)) for n in WEIGHT_FILES):
     raise FileNotFoundError(
-        f"{source}: {repo} has no model.safetensors in the cache or on the "
-        f"Hub. Only safetensors weights are loaded (a pytorch_model.bin is a "
-        f"pickle); fetch it with huggingface-cli download {repo} "
-        f"model.safetensors.")
+        f"{repo} has no model.safetensors in the cache or on the Hub. Only "
+        f"safetensors weights are loaded (a pytorch_model.bin is a pickle); "
+        f"fetch it with: hf download {repo} model.safetensors")
   return folder
 
 

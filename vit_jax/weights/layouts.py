@@ -118,24 +118,37 @@ TIMM = Layout("timm", rows=(
 ))
 
 # ----------------------------------------------------- Hugging Face (ViT) ---
-_HF = "encoder.layer.{i}."
+# transformers v5's module names (what ``state_dict()`` has and
+# ``load_state_dict`` takes); files on the Hub and from ``save_pretrained``
+# keep the v4 names, which the aliases rename on the way in.
+_HF = "layers.{i}."
 
 TRANSFORMERS_VIT = Layout("transformers", rows=(
     Row("embeddings.cls_token", ("params/cls",)),
     Row("embeddings.position_embeddings", (POS,)),
     *conv("embeddings.patch_embeddings.projection.", "params/embedding"),
     Repeat((
-        *split_qkv(_HF + "attention.attention.", ATTN),
-        *out_proj(_HF + "attention.output.dense.", ATTN),
-        *dense(_HF + "intermediate.dense.", E + "MlpBlock_0/Dense_0"),
-        *dense(_HF + "output.dense.", E + "MlpBlock_0/Dense_1"),
+        *split_qkv(_HF + "attention.", ATTN,
+                   names=("q_proj", "k_proj", "v_proj")),
+        *out_proj(_HF + "attention.o_proj.", ATTN),
         *norm(_HF + "layernorm_before.", E + "LayerNorm_0"),
         *norm(_HF + "layernorm_after.", E + "LayerNorm_1"),
+        *dense(_HF + "mlp.fc1.", E + "MlpBlock_0/Dense_0"),
+        *dense(_HF + "mlp.fc2.", E + "MlpBlock_0/Dense_1"),
     )),
     *norm("layernorm.", "params/Transformer/encoder_norm"),
     *dense("pooler.dense.", "params/pre_logits"),
     *dense("classifier.", "params/head"),
-), aliases=((r"^module\.", ""), (r"^vit\.", "")), unsupported=(
+), aliases=(
+    (r"^module\.", ""), (r"^vit\.", ""),
+    (r"^encoder\.layer\.(\d+)\.attention\.attention\.(q|k|v)[a-z]*\.",
+     r"layers.\1.attention.\2_proj."),
+    (r"^encoder\.layer\.(\d+)\.attention\.output\.dense\.",
+     r"layers.\1.attention.o_proj."),
+    (r"^encoder\.layer\.(\d+)\.intermediate\.dense\.", r"layers.\1.mlp.fc1."),
+    (r"^encoder\.layer\.(\d+)\.output\.dense\.", r"layers.\1.mlp.fc2."),
+    (r"^encoder\.layer\.", "layers."),
+), unsupported=(
     ("embeddings.mask_token", "a mask token (masked image modeling)"),
 ), fixed=(("classifier", "token"),))
 

@@ -171,10 +171,9 @@ def fused_qkv(theirs_w: str, theirs_b: str, ours: str,
               fused(HEADS_BIAS, n)))
 
 
-def split_qkv(theirs: str, ours: str, names=("query", "key", "value"),
-              out: str = "out") -> Tuple[Row, ...]:
-  """Separate torch Linears ``{theirs}{q}.weight`` for each of q, k, v, and
-  the output projection ``{theirs}{out}.``."""
+def split_qkv(theirs: str, ours: str, names=("query", "key", "value")
+              ) -> Tuple[Row, ...]:
+  """Separate torch Linears ``{theirs}{q}.weight`` for each of q, k, v."""
   rows: Tuple[Row, ...] = ()
   for them, us in zip(names, ("query", "key", "value")):
     rows += (Row(f"{theirs}{them}.weight", (f"{ours}/{us}/kernel",), HEADS),

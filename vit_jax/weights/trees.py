@@ -156,9 +156,15 @@ def arch_of(variables, *, conv_stem=None, patch_size=None,
     attn = blk["MultiHeadDotProductAttention_0"]
     q = shape(attn["query"]["kernel"])
     mlp = shape(blk["MlpBlock_0"]["Dense_0"]["kernel"])[-1]
+    mlp_in = shape(blk["MlpBlock_0"]["Dense_1"]["kernel"])[0]
   except (KeyError, TypeError) as e:
     raise ValueError(f"encoderblock_0 is not a ViT block (missing {e}); it "
                      f"has {sorted(blk)}") from None
+  if mlp == 2 * mlp_in:
+    raise ValueError(
+        f"The MLP's first layer is {mlp} wide and its second takes {mlp_in}: "
+        f"a SwiGLU (packed gated) MLP, as DINOv2 giant's. vit_jax's MLP is "
+        f"Dense -> GELU -> Dense; SwiGLU is not supported.")
   emb = np.shape(p["embedding"]["kernel"])
   arch: Dict[str, Any] = dict(
       hidden_size=int(emb[-1]), num_layers=depth, num_heads=int(q[1]),
@@ -195,11 +201,13 @@ def arch_of(variables, *, conv_stem=None, patch_size=None,
   # unless the prefix tokens get none (no_embed_class).
   rows = int(np.shape(tr["posembed_input"]["pos_embedding"])[1])
   prefix = int(arch["classifier"] == "token") + arch["num_registers"]
+  grid = None
   if image_size is not None:
     h, w = models._pair(image_size)  # pylint: disable=protected-access
     grid = (h // arch["patch_size"]) * (w // arch["patch_size"])
+  if grid is not None and rows in (grid, grid + prefix):
     no_embed_class = rows == grid and prefix > 0
-  else:
+  else:  # only the patch rows form a square grid
     no_embed_class = (prefix > 0 and _is_square(rows) and
                       not _is_square(rows - prefix))
   arch["no_embed_class"] = bool(no_embed_class)
