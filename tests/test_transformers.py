@@ -171,3 +171,69 @@ def test_not_a_vit_repo_is_named(tmp_path):
   (tmp_path / "pytorch_model.bin").write_bytes(b"not read")
   with pytest.raises(weights.CheckpointError, match="a pickle, which is not loaded"):
     weights.load(str(tmp_path))
+
+
+# ---------------------------------------------------------------------------
+# The image towers in transformers' own layouts: DINOv2, CLIP, SigLIP.
+# ---------------------------------------------------------------------------
+
+def _tower(kind, seed=0):
+  torch.manual_seed(seed)
+  common = dict(hidden_size=96, num_hidden_layers=2, num_attention_heads=3,
+                intermediate_size=192)
+  if kind == "dinov2":
+    m = transformers.Dinov2Model(transformers.Dinov2Config(
+        image_size=56, patch_size=14, mlp_ratio=2, **{
+            k: v for k, v in common.items() if k != "intermediate_size"}))
+    size = 56
+  elif kind == "clip":
+    m = transformers.CLIPVisionModel(transformers.CLIPVisionConfig(
+        image_size=64, patch_size=16, **common))
+    size = 64
+  else:
+    m = transformers.SiglipVisionModel(transformers.SiglipVisionConfig(
+        image_size=64, patch_size=16, **common))
+    size = 64
+  return perturb_torch(m, seed), size
+
+
+@pytest.mark.parametrize("kind", ["dinov2", "clip", "siglip"])
+def test_image_towers_match_transformers_both_ways(kind, tmp_path):
+  m, size = _tower(kind)
+  x = images(2, size, seed=4)
+  model, variables = formats.from_transformers(m)
+  with torch.no_grad():
+    out = m(pixel_values=torch_in(x))
+  assert_close_rel(apply(model, variables, x), out.pooler_output.numpy(),
+                   what="pooler_output")
+  if kind != "clip":  # CLIP's last_hidden_state skips the final LayerNorm
+    assert_close_rel(apply(model, variables, x, method=model.forward_features),
+                     out.last_hidden_state.numpy(), what="last_hidden_state")
+  back = formats.to_transformers(variables)
+  fresh, _ = _tower(kind, seed=1)
+  fresh.load_state_dict(back, strict=True)
+  for k, v in m.state_dict().items():
+    if k != "embeddings.mask_token":  # masked-image training only: zeros
+      assert torch.equal(back[k], v), k
+  # The saved directory (the Hub's names, config.json) loads the same.
+  m.save_pretrained(tmp_path)
+  loaded = weights.load(str(tmp_path))
+  assert_close_rel(apply(loaded.model, loaded.variables, x),
+                   out.pooler_output.numpy(), what="from the directory")
+
+
+def test_clip_model_vision_half():
+  torch.manual_seed(0)
+  config = transformers.CLIPConfig(
+      text_config=dict(hidden_size=32, num_hidden_layers=1,
+                       num_attention_heads=2, intermediate_size=64),
+      vision_config=dict(hidden_size=96, num_hidden_layers=2,
+                         num_attention_heads=3, intermediate_size=192,
+                         image_size=64, patch_size=16))
+  m = perturb_torch(transformers.CLIPModel(config), 0)
+  x = images(2, 64)
+  model, variables = formats.from_transformers(m.state_dict(), config)
+  assert model.act == "quick_gelu" and model.layer_norm_eps == 1e-5
+  with torch.no_grad():
+    ref = m.vision_model(pixel_values=torch_in(x)).pooler_output.numpy()
+  assert_close_rel(apply(model, variables, x), ref)

@@ -21,7 +21,7 @@ from typing import Any, Mapping, Optional
 
 import numpy as np
 
-from vit_jax.weights import build, files, google_npz, trees
+from vit_jax.weights import build, files, google_npz, layouts, trees
 from vit_jax.weights.google_npz import (  # noqa: F401  (public names)
     convert_pre_linen, posemb_sincos_2d)
 from vit_jax.weights.files import read_npz, read_safetensors  # noqa: F401
@@ -83,8 +83,10 @@ def to_timm(variables) -> "collections.OrderedDict":
 
 def from_transformers(state_dict_or_dir, config: Optional[Mapping[str, Any]] = None,
                       *, image_size=None, **model_overrides):
-  """Hugging Face ``ViTModel`` / ``ViTForImageClassification`` weights ->
-  ``(model, variables)``.
+  """Hugging Face transformers weights -> ``(model, variables)``: ``ViTModel``
+  / ``ViTForImageClassification``, and the image towers ``Dinov2Model``,
+  ``CLIPVisionModel`` (or a ``CLIPModel``'s vision half) and
+  ``SiglipVisionModel`` (or a ``SiglipModel``'s).
 
   ``state_dict_or_dir``: a state dict (``model.state_dict()``, or a model),
   or a directory written by ``save_pretrained`` (``config.json`` +
@@ -101,16 +103,31 @@ def from_transformers(state_dict_or_dir, config: Optional[Mapping[str, Any]] = N
     state_dict_or_dir, config = arrays, config or dir_config
   elif hasattr(state_dict_or_dir, "config") and config is None:
     config = state_dict_or_dir.config.to_dict()  # a transformers model
-  return build.from_state_dict(state_dict_or_dir, layout="transformers",
+  layout = None
+  if config and (config.get("vision_config") or config).get("model_type"):
+    layout = layouts.HF_MODEL_TYPES.get(
+        (config.get("vision_config") or config)["model_type"])
+  return build.from_state_dict(state_dict_or_dir, layout=layout,
                                config=config, image_size=image_size,
                                **model_overrides)
 
 
-def params_to_transformers(variables) -> "collections.OrderedDict[str, np.ndarray]":
-  """Our tree -> transformers' state dict (numpy): ``ViTForImageClassification``'s
-  (``vit.`` prefix, ``classifier``) when it has a head, else ``ViTModel``'s
-  (with ``pooler`` when it has ``pre_logits``)."""
-  sd = build.to_state_dict(variables, "transformers")
+def params_to_transformers(variables, layout: Optional[str] = None
+                           ) -> "collections.OrderedDict[str, np.ndarray]":
+  """Our tree -> transformers' state dict (numpy), which the matching model
+  loads with ``load_state_dict(strict=True)``. ``layout`` (default: from
+  the tree): ``'transformers'`` (``ViTForImageClassification``: ``vit.``
+  prefix and ``classifier`` when there is a head; else ``ViTModel``, with
+  ``pooler`` for ``pre_logits``), ``'transformers_dinov2'``,
+  ``'transformers_clip'`` or ``'transformers_siglip'`` (the image towers)."""
+  variables = trees.wrap(trees.unstack_layers(trees.wrap(variables)))
+  if layout is None:
+    arch = trees.arch_of(variables)
+    layout = ("transformers_siglip" if arch["classifier"] == "map" else
+              "transformers_clip" if arch["pre_norm"] else
+              "transformers_dinov2" if arch["layer_scale_init"] else
+              "transformers")
+  sd = build.to_state_dict(variables, layout)
   if "classifier.weight" not in sd:
     return sd
   if "pooler.dense.weight" in sd:
@@ -122,9 +139,10 @@ def params_to_transformers(variables) -> "collections.OrderedDict[str, np.ndarra
       for k, v in sd.items())
 
 
-def to_transformers(variables) -> "collections.OrderedDict":
+def to_transformers(variables, layout: Optional[str] = None
+                    ) -> "collections.OrderedDict":
   """Like :func:`params_to_transformers`, as torch tensors."""
-  return _torch(params_to_transformers(variables))
+  return _torch(params_to_transformers(variables, layout))
 
 
 def from_state_dict(state_dict, name: Optional[str] = None, **kwargs):

@@ -240,6 +240,8 @@ def _timm_cfg(name):
 def _load_dir(path: str, name, kw, src) -> Loaded:
   """A Hugging Face model directory: timm's hub layout (``architecture`` in
   config.json) or transformers' (``model_type``)."""
+  from vit_jax.weights import layouts  # pylint: disable=import-outside-toplevel
+
   arrays, config, processor = files.read_model_dir(path)
   if "architecture" in config:  # timm
     arch_name = name or config["architecture"]
@@ -252,14 +254,13 @@ def _load_dir(path: str, name, kw, src) -> Loaded:
              if names else _default_labels(model.num_classes))
     return _finish(model, variables, pre, names, f"timm {arch_name}", "timm")
   model_type = config.get("model_type")
-  if model_type != "vit":
+  if model_type not in layouts.HF_MODEL_TYPES:
     raise ValueError(
         f"config.json has model_type={model_type!r}: vit_jax loads timm hub "
-        f"repos and transformers' 'vit' models (ViTModel, "
-        f"ViTForImageClassification); for DINOv2, CLIP and SigLIP use their "
-        f"timm repos (hf-hub:timm/...).")
-  model, variables = build.from_state_dict(arrays, name, layout="transformers",
-                                           config=config, **kw)
+        f"repos and transformers' {sorted(layouts.HF_MODEL_TYPES)} models.")
+  model, variables = build.from_state_dict(
+      arrays, name, layout=layouts.HF_MODEL_TYPES[model_type], config=config,
+      **kw)
   pre = (pp.from_hf_processor(processor) if processor else
          pp.Preprocessing(224, 224, "bilinear", pp.HALF, pp.HALF, "squash"))
   id2label = config.get("id2label") or {}

@@ -31,12 +31,8 @@ def normalise(state_dict, layout: mapping.Layout) -> Dict[str, np.ndarray]:
   """Canonical keys (the layout's aliases applied) -> numpy arrays."""
   from vit_jax.weights import files  # pylint: disable=import-outside-toplevel
 
-  sd = files.unwrap(state_dict, f"a {layout.name} state_dict")
-  keys = list(sd)
-  if keys and all(k.startswith("module.") for k in keys):
-    sd = {k[len("module."):]: v for k, v in sd.items()}
-  names = mapping.apply_aliases(layout, list(sd))
-  return {names[k]: v for k, v in sd.items()}
+  return mapping.canonical(layout, files.unwrap(
+      state_dict, f"a {layout.name} state_dict"))
 
 
 def _width(layout: mapping.Layout, sd: Mapping[str, np.ndarray]) -> int:
@@ -194,8 +190,10 @@ def from_state_dict(state_dict, name: Optional[str] = None, *,
       (``vit_small_patch14_reg4_dinov2``): it decides what the keys cannot
       (timm's activation, LayerNorm epsilon, heads) and is checked against
       the weights.
-    layout: 'torchvision', 'timm' or 'transformers' (default: from the keys).
-    config: a Hugging Face ``config.json`` (transformers layout).
+    layout: a name of :data:`vit_jax.weights.layouts.LAYOUTS` ('torchvision',
+      'timm', 'transformers', 'transformers_dinov2', 'transformers_clip',
+      'transformers_siglip'); default: read from the keys.
+    config: a Hugging Face ``config.json`` (transformers layouts).
     image_size: resample the position embedding for this resolution.
     num_heads: the heads, where neither the name nor the width says.
     **overrides: :class:`~vit_jax.models.VisionTransformer` options (dtype,
@@ -210,7 +208,7 @@ def from_state_dict(state_dict, name: Optional[str] = None, *,
     raise ValueError(
         "Not a Vision Transformer checkpoint of torchvision's, timm's or "
         "transformers' layout (no 'conv_proj' / 'encoder.layers.*', "
-        "'patch_embed' / 'blocks.*' nor 'embeddings.patch_embeddings' keys); "
+        "'patch_embed' / 'blocks.*' nor 'embeddings.patch_embedding(s)' keys); "
         f"it has {len(keys)} entries, e.g. {keys[:5]}. Is it another "
         f"architecture (e.g. a ResNet)?")
   table = layouts.LAYOUTS[layout]
@@ -218,8 +216,8 @@ def from_state_dict(state_dict, name: Optional[str] = None, *,
   hints: Dict[str, Any] = {}
   if layout == "timm" and name is not None:
     hints = layouts.timm_hints(name)
-  elif layout == "transformers":
-    hints = layouts.transformers_hints(config or {})
+  elif layout.startswith("transformers"):
+    hints = layouts.transformers_hints(config or {}, layout)
   _refuse_unknown(table, sd, mapping.unmatched(table, sd))
   heads = _heads(name, overrides.get("num_heads"), hints,
                  _width(table, sd))

@@ -14,8 +14,8 @@ import re
 from typing import Any, Dict, Mapping, Optional
 
 from vit_jax.weights.mapping import (
-    HEADS, HEADS_BIAS, Layout, Repeat, Row, const, conv, dense, fused_qkv,
-    norm, out_proj, split_qkv)
+    HEADS, HEADS_BIAS, Layout, Repeat, Row, const, conv, dense, expand,
+    fused_qkv, norm, out_proj, split_qkv, zeros)
 
 E = "params/Transformer/encoderblock_{i}/"  # our block
 ATTN = E + "MultiHeadDotProductAttention_0"
@@ -152,21 +152,100 @@ TRANSFORMERS_VIT = Layout("transformers", rows=(
     ("embeddings.mask_token", "a mask token (masked image modeling)"),
 ), fixed=(("classifier", "token"),))
 
-LAYOUTS = {layout.name: layout for layout in (TORCHVISION, TIMM,
-                                                 TRANSFORMERS_VIT)}
+# transformers' DINOv2 (Dinov2Model). Its mask token serves masked-image
+# training only: dropped on the way in, zeros on the way out.
+_HFD = "encoder.layer.{i}."
+TRANSFORMERS_DINOV2 = Layout("transformers_dinov2", rows=(
+    Row("embeddings.cls_token", ("params/cls",)),
+    Row("embeddings.mask_token", ("params/cls",), zeros(lambda s: s[1:])),
+    Row("embeddings.position_embeddings", (POS,)),
+    *conv("embeddings.patch_embeddings.projection.", "params/embedding"),
+    Repeat((
+        *norm(_HFD + "norm1.", E + "LayerNorm_0"),
+        *split_qkv(_HFD + "attention.", ATTN,
+                   names=("q_proj", "k_proj", "v_proj")),
+        *out_proj(_HFD + "attention.o_proj.", ATTN),
+        Row(_HFD + "layer_scale1.lambda1", (E + "LayerScale_0/scale",)),
+        *norm(_HFD + "norm2.", E + "LayerNorm_1"),
+        *dense(_HFD + "mlp.fc1.", E + "MlpBlock_0/Dense_0"),
+        *dense(_HFD + "mlp.fc2.", E + "MlpBlock_0/Dense_1"),
+        Row(_HFD + "layer_scale2.lambda1", (E + "LayerScale_1/scale",)),
+    )),
+    *norm("layernorm.", "params/Transformer/encoder_norm"),
+), aliases=(
+    (r"^module\.", ""), (r"^dinov2\.", ""),
+    (r"\.attention\.attention\.(q|k|v)[a-z]*\.", r".attention.\1_proj."),
+    (r"\.attention\.output\.dense\.", ".attention.o_proj."),
+), unsupported=(
+    ("register_tokens", "registers in transformers' layout (use timm's: "
+     "hf-hub:timm/vit_*_reg4_dinov2.lvd142m)"),
+    (".weights_in.", "a SwiGLU MLP"),
+), fixed=(("classifier", "token"),))
+
+# transformers' CLIP and SigLIP image towers (CLIPVisionModel,
+# SiglipVisionModel, or the vision half of CLIPModel / SiglipModel).
+_HFC = "encoder.layers.{i}."
+_HF_TOWER = (
+    *norm(_HFC + "layer_norm1.", E + "LayerNorm_0"),
+    *split_qkv(_HFC + "self_attn.", ATTN, names=("q_proj", "k_proj", "v_proj")),
+    *out_proj(_HFC + "self_attn.out_proj.", ATTN),
+    *norm(_HFC + "layer_norm2.", E + "LayerNorm_1"),
+    *dense(_HFC + "mlp.fc1.", E + "MlpBlock_0/Dense_0"),
+    *dense(_HFC + "mlp.fc2.", E + "MlpBlock_0/Dense_1"),
+)
+_TOWER_ALIASES = ((r"^module\.", ""), (r"^vision_model\.", ""))
+_OTHER_TOWER = r"^(text_model|text_projection|visual_projection|logit_scale|logit_bias)"
+
+TRANSFORMERS_CLIP = Layout("transformers_clip", rows=(
+    Row("embeddings.class_embedding", ("params/cls",), expand(2)),
+    *conv("embeddings.patch_embedding.", "params/embedding"),
+    Row("embeddings.position_embedding.weight", (POS,), expand(1)),
+    *norm("pre_layrnorm.", "params/Transformer/pre_norm"),
+    Repeat(_HF_TOWER),
+    *norm("post_layernorm.", "params/Transformer/encoder_norm"),
+), aliases=_TOWER_ALIASES, ignored=_OTHER_TOWER,
+   fixed=(("classifier", "token"),))
+
+TRANSFORMERS_SIGLIP = Layout("transformers_siglip", rows=(
+    *conv("embeddings.patch_embedding.", "params/embedding"),
+    Row("embeddings.position_embedding.weight", (POS,), expand(1)),
+    Repeat(_HF_TOWER),
+    *norm("post_layernorm.", "params/Transformer/encoder_norm"),
+    Row("head.probe", (MAP + "probe",)),
+    *fused_qkv("head.attention.in_proj_weight", "head.attention.in_proj_bias",
+               MAP + "MultiHeadDotProductAttention_0"),
+    *out_proj("head.attention.out_proj.", MAP + "MultiHeadDotProductAttention_0"),
+    *norm("head.layernorm.", MAP + "LayerNorm_0"),
+    *dense("head.mlp.fc1.", MAP + "MlpBlock_0/Dense_0"),
+    *dense("head.mlp.fc2.", MAP + "MlpBlock_0/Dense_1"),
+), aliases=_TOWER_ALIASES, ignored=_OTHER_TOWER)
+
+LAYOUTS = {layout.name: layout for layout in (
+    TORCHVISION, TIMM, TRANSFORMERS_VIT, TRANSFORMERS_DINOV2,
+    TRANSFORMERS_CLIP, TRANSFORMERS_SIGLIP)}
+# transformers' model_type -> the layout of its weights.
+HF_MODEL_TYPES = {"vit": "transformers", "dinov2": "transformers_dinov2",
+                  "clip": "transformers_clip",
+                  "clip_vision_model": "transformers_clip",
+                  "siglip": "transformers_siglip",
+                  "siglip_vision_model": "transformers_siglip"}
 
 
 def detect(keys) -> Optional[str]:
   """The layout a state dict's keys are in (None: not a ViT we know)."""
-  keys = [k[len("module."):] if k.startswith("module.") else k for k in keys]
-  if any(k in ("class_token", "conv_proj.weight", "conv_proj.conv_last.weight")
-         or k.startswith("encoder.layers.encoder_layer_") for k in keys):
+  keys = [re.sub(r"^(module|vision_model|vit|dinov2)\.", "", k) for k in keys]
+  has = lambda pattern: any(re.search(pattern, k) for k in keys)  # noqa: E731
+  if has(r"^(class_token$|conv_proj\.|encoder\.layers\.encoder_layer_)"):
     return "torchvision"
-  if any(k.endswith("embeddings.patch_embeddings.projection.weight")
-         for k in keys):
+  if has(r"^embeddings\.class_embedding$"):
+    return "transformers_clip"
+  if has(r"^embeddings\.patch_embedding\.weight$"):
+    return "transformers_siglip"
+  if has(r"layer_scale1\.lambda1$|^encoder\.layer\.\d+\.norm1\."):
+    return "transformers_dinov2"
+  if has(r"^embeddings\.patch_embeddings\.projection\.weight$"):
     return "transformers"
-  if any(k == "patch_embed.proj.weight" or k.startswith("blocks.")
-         for k in keys):
+  if has(r"^(patch_embed\.proj\.weight$|blocks\.)"):
     return "timm"
   return None
 
@@ -285,14 +364,24 @@ _HF_ACTS = {"gelu": "gelu", "quick_gelu": "quick_gelu", "gelu_new": "gelu_tanh",
             "gelu_pytorch_tanh": "gelu_tanh", "gelu_fast": "gelu_tanh"}
 
 
-def transformers_hints(config: Mapping[str, Any]) -> Dict[str, Any]:
-  """The fields of a Hugging Face ``ViTConfig`` (``config.json``)."""
-  act = config.get("hidden_act", "gelu")
+# transformers' defaults per layout (their configs' defaults): act, epsilon.
+_HF_DEFAULTS = {"transformers": ("gelu", 1e-12),
+                "transformers_dinov2": ("gelu", 1e-6),
+                "transformers_clip": ("quick_gelu", 1e-5),
+                "transformers_siglip": ("gelu_pytorch_tanh", 1e-6)}
+
+
+def transformers_hints(config: Mapping[str, Any], layout: str) -> Dict[str, Any]:
+  """The fields a Hugging Face ``config.json`` gives (a CLIP or SigLIP
+  config's ``vision_config``): activation, LayerNorm epsilon, heads."""
+  config = config.get("vision_config") or config
+  act, eps = _HF_DEFAULTS[layout]
+  act = config.get("hidden_act", act)
   if act not in _HF_ACTS:
     raise ValueError(f"config.json hidden_act={act!r} is not supported; "
                      f"supported: {sorted(_HF_ACTS)}")
   out = dict(act=_HF_ACTS[act],
-             layer_norm_eps=float(config.get("layer_norm_eps", 1e-12)))
+             layer_norm_eps=float(config.get("layer_norm_eps", eps)))
   if "num_attention_heads" in config:
     out["num_heads"] = int(config["num_attention_heads"])
   if config.get("pooler_act", "tanh") != "tanh":

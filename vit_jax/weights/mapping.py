@@ -98,6 +98,15 @@ def const(value) -> Op:
             lambda s: value.shape)
 
 
+def zeros(shape_of) -> Op:
+  """A tensor of theirs we do not keep (DINOv2's mask token, used only in
+  masked-image training): dropped on the way in, zeros of
+  ``shape_of(anchor's shape)`` on the way out."""
+  return Op("zeros", lambda x, h: [],
+            lambda o: np.zeros(shape_of(o[0].shape), np.float32),
+            lambda s: tuple(shape_of(s[0])))
+
+
 # --------------------------------------------------------------------------- #
 # Rows and layouts.
 # --------------------------------------------------------------------------- #
@@ -135,6 +144,7 @@ class Layout:
   aliases: Tuple[Tuple[str, str], ...] = ()
   unsupported: Tuple[Tuple[str, str], ...] = ()
   fixed: Tuple[Tuple[str, Any], ...] = ()
+  ignored: str = ""  # regex of keys that are not the image tower's
 
   def flat_rows(self) -> List[Row]:
     out = []
@@ -206,21 +216,22 @@ def _fill(pattern: str, bindings: Mapping[str, str]) -> str:
   return _PLACEHOLDER.sub(lambda m: str(bindings[m.group(1)]), pattern)
 
 
-def apply_aliases(layout: Layout, keys: Sequence[str]) -> Dict[str, str]:
-  """{incoming key: canonical key} after the layout's aliases."""
-  out = {}
-  for k in keys:
-    new = k
-    for pat, rep in layout.aliases:
-      new = re.sub(pat, rep, new)
-    out[k] = new
-  return out
-
-
 def unmatched(layout: Layout, keys) -> List[str]:
   """The keys no row of the layout claims."""
   rxs = [_regex(r.theirs) for r in layout.flat_rows()]
   return [k for k in keys if not any(rx.match(k) for rx in rxs)]
+
+
+def canonical(layout: Layout, state_dict: Mapping[str, Any]) -> Dict[str, Any]:
+  """The layout's aliases applied to the keys; other towers' keys (a CLIP
+  checkpoint's text model) left out."""
+  out = {}
+  for k, v in state_dict.items():
+    for pat, rep in layout.aliases:
+      k = re.sub(pat, rep, k)
+    if not (layout.ignored and re.search(layout.ignored, k)):
+      out[k] = v
+  return out
 
 
 def to_ours(layout: Layout, state_dict: Mapping[str, np.ndarray],
