@@ -78,8 +78,10 @@ def test_family_matches_timm_both_ways(name, record_property):
     ref_feats = m.forward_features(torch_in(x)).numpy()
   rel = assert_close_rel(apply(model, variables, x), ref_logits)
   feats = apply(model, variables, x, method=model.forward_features)
-  assert_close_rel(feats, ref_feats, what="forward_features")
+  frel = assert_close_rel(feats, ref_feats, what="forward_features")
   record_property("rel_err", rel.rel)
+  print(f"\nPARITY {name}: logits rel {rel.rel:.2g} (max|diff| {rel.err:.2g}, "
+        f"max|logit| {rel.scale:.3g}); forward_features rel {frel.rel:.2g}")
   # Back: timm loads ours strictly, bit for bit.
   fresh = timm_model(name, seed=1)
   back = formats.to_timm(variables)

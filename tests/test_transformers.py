@@ -44,7 +44,10 @@ def test_classifier_logits_match_transformers_both_ways(record_property):
   assert model.layer_norm_eps == 1e-12 and model.num_classes == 5
   with torch.no_grad():
     ref = m(pixel_values=torch_in(x)).logits.numpy()
-  record_property("rel_err", assert_close_rel(apply(model, variables, x), ref).rel)
+  rel = assert_close_rel(apply(model, variables, x), ref)
+  record_property("rel_err", rel.rel)
+  print(f"\nPARITY transformers ViTForImageClassification: logits rel "
+        f"{rel.rel:.2g}")
   back = formats.to_transformers(variables)
   fresh = hf_classifier(seed=1)
   fresh.load_state_dict(back, strict=True)
@@ -204,8 +207,10 @@ def test_image_towers_match_transformers_both_ways(kind, tmp_path):
   model, variables = formats.from_transformers(m)
   with torch.no_grad():
     out = m(pixel_values=torch_in(x))
-  assert_close_rel(apply(model, variables, x), out.pooler_output.numpy(),
-                   what="pooler_output")
+  rel = assert_close_rel(apply(model, variables, x),
+                         out.pooler_output.numpy(), what="pooler_output")
+  print(f"\nPARITY transformers {type(m).__name__}: pooler_output rel "
+        f"{rel.rel:.2g}")
   if kind != "clip":  # CLIP's last_hidden_state skips the final LayerNorm
     assert_close_rel(apply(model, variables, x, method=model.forward_features),
                      out.last_hidden_state.numpy(), what="last_hidden_state")
