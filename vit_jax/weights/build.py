@@ -27,25 +27,15 @@ _SIZE_FIELDS = ("hidden_size", "num_layers", "num_heads", "mlp_dim",
                 "patch_size")
 
 
-def normalise(state_dict, layout: mapping.Layout) -> Dict[str, np.ndarray]:
-  """Canonical keys (the layout's aliases applied) -> numpy arrays."""
-  from vit_jax.weights import files  # pylint: disable=import-outside-toplevel
-
-  return mapping.canonical(layout, files.unwrap(
-      state_dict, f"a {layout.name} state_dict"))
-
-
 def _width(layout: mapping.Layout, sd: Mapping[str, np.ndarray]) -> int:
+  """The model width, from the patch-embedding weight."""
   for row in layout.flat_rows():
     if row.ours == ("params/embedding/kernel",):
-      rx = mapping._regex(row.theirs)  # pylint: disable=protected-access
-      for k, v in sd.items():
-        if rx.match(k) and np.ndim(v) == 4:
-          return int(row.op.to_ours(np.asarray(v), 1)[0].shape[-1])
-  raise ValueError(
-      f"Not a {layout.name} ViT state dict: no patch-embedding weight "
-      f"({[r.theirs for r in layout.flat_rows() if r.ours == ('params/embedding/kernel',)]}"
-      f"); first keys: {list(sd)[:6]}.")
+      w = sd.get(row.theirs)
+      if w is not None and np.ndim(w) == 4:
+        return int(row.op.to_ours(np.asarray(w), 1)[0].shape[-1])
+  raise ValueError(f"Not a {layout.name} ViT state dict: no 4-D "
+                   f"patch-embedding weight; first keys: {list(sd)[:6]}.")
 
 
 def _refuse_unknown(layout: mapping.Layout, sd, unmatched) -> None:
@@ -130,7 +120,8 @@ def _finish(variables, arch: Dict[str, Any], image_size, overrides,
 def _arch(variables, name, overrides, hints, image_size_hint=None):
   arch = trees.arch_of(variables, conv_stem=overrides.get("conv_stem"),
                        patch_size=overrides.get("patch_size") or (
-                           _name_patch(name)), image_size=image_size_hint)
+                           _named(name).get("patch_size")),
+                       image_size=image_size_hint)
   for k, v in hints.items():
     if k != "num_heads":
       arch[k] = v
@@ -147,32 +138,26 @@ def _arch(variables, name, overrides, hints, image_size_hint=None):
   return arch
 
 
-def _name_patch(name: Optional[str]) -> Optional[int]:
-  if name is None:
-    return None
-  parsed = layouts.parse_timm_name(name)
-  if parsed is not None:
-    return parsed["patch_size"]
+def _named(name: Optional[str]) -> Dict[str, Any]:
+  """The sizes a name states: ours all of them, timm's patch and width."""
+  parsed = layouts.parse_timm_name(name) if name else None
+  if parsed:
+    return {"patch_size": parsed["patch_size"], "hidden_size": parsed["width"]}
   try:
-    return models.decode_variant(name).patch_size
+    return models.decode_variant(name).as_kwargs() if name else {}
   except ValueError:
-    return None
+    return {}
 
 
 def _heads(name, num_heads, hints, width) -> int:
+  """Stated, else the name's (if the width is the name's), else the
+  width's usual number."""
+  named = _named(name)
   if num_heads:
     return int(num_heads)
-  parsed = layouts.parse_timm_name(name) if name else None
-  if hints.get("num_heads") and (parsed is None or parsed["width"] in (
-      None, width)):
-    return int(hints["num_heads"])
-  if name is not None and parsed is None:
-    try:
-      v = models.decode_variant(name)
-      if v.hidden_size == width:
-        return v.num_heads
-    except ValueError:
-      pass
+  if named.get("hidden_size") in (None, width):
+    if hints.get("num_heads") or named.get("num_heads"):
+      return int(hints.get("num_heads") or named["num_heads"])
   return layouts.heads_for_width(width)
 
 
@@ -199,12 +184,14 @@ def from_state_dict(state_dict, name: Optional[str] = None, *,
     **overrides: :class:`~vit_jax.models.VisionTransformer` options (dtype,
       scan_layers, ...); size fields (``num_layers``...) are checked.
   """
+  from vit_jax.weights import files  # pylint: disable=import-outside-toplevel
+
   if num_heads:  # stated like any size field: checked against the weights
     overrides = dict(overrides, num_heads=int(num_heads))
-  sd0 = state_dict
-  layout = layout or layouts.detect(list(_keys(sd0)))
+  sd = files.unwrap(state_dict, f"a {layout or 'ViT'} state_dict")
+  layout = layout or layouts.detect(list(sd))
   if layout is None:
-    keys = list(_keys(sd0))
+    keys = list(sd)
     raise ValueError(
         "Not a Vision Transformer checkpoint of torchvision's, timm's or "
         "transformers' layout (no 'conv_proj' / 'encoder.layers.*', "
@@ -212,7 +199,7 @@ def from_state_dict(state_dict, name: Optional[str] = None, *,
         f"it has {len(keys)} entries, e.g. {keys[:5]}. Is it another "
         f"architecture (e.g. a ResNet)?")
   table = layouts.LAYOUTS[layout]
-  sd = normalise(sd0, table)
+  sd = mapping.canonical(table, sd)
   hints: Dict[str, Any] = {}
   if layout == "timm" and name is not None:
     hints = layouts.timm_hints(name)
@@ -252,15 +239,6 @@ def _native_hint(layout, name, config):
     parsed = layouts.parse_timm_name(name)
     return parsed and parsed["image_size"]
   return None
-
-
-def _keys(sd):
-  if hasattr(sd, "state_dict") and callable(sd.state_dict):
-    sd = sd.state_dict()
-  for key in ("model", "state_dict", "model_state_dict", "module"):
-    if isinstance(sd, Mapping) and key in sd and isinstance(sd[key], Mapping):
-      sd = sd[key]
-  return sd.keys() if isinstance(sd, Mapping) else ()
 
 
 def from_tree(variables, name: Optional[str] = None, *, image_size=None,
