@@ -81,6 +81,10 @@ def get_config() -> ml_collections.ConfigDict:
   c.b2 = 0.999  # adamw
   c.grad_clip_norm = 1.0  # 0 = no clipping
   c.label_smoothing = 0.0
+  # Layer-wise learning-rate decay: block i of L learns at rate
+  # layer_decay ** (L - i) (1.0 = off; 0.65-0.9 to fine-tune DeiT-III/DINOv2).
+  c.layer_decay = 1.0
+  c.linear_probe = False  # train the head only (frozen backbone)
   c.batch_size = 512  # global, per optimizer step
   c.grad_accum_steps = 1  # micro-batches per step (batch_size / this each)
   c.eval_batch_size = 512  # global

@@ -117,3 +117,57 @@ def test_weight_decay_only_on_kernels():
 def jax_tree_zeros(tree):
   import jax
   return jax.tree_util.tree_map(jnp.zeros_like, tree)
+
+
+def _tiny_vit(scan=False):
+  import jax
+  from vit_jax import models
+  m = models.get_model("vit_ti_16", num_layers=3, hidden_size=8, num_heads=2,
+                       mlp_dim=16, num_classes=3, scan_layers=scan)
+  return jax.eval_shape(lambda: m.init(jax.random.key(0),
+                                       jnp.zeros((1, 32, 32, 3))))["params"]
+
+
+@pytest.mark.parametrize("scan", [False, True])
+def test_layer_decay_scales_each_depth(scan):
+  """decay ** (L + 1 - layer): head at the full rate, block i at
+  decay ** (L - i), the embeddings at decay ** (L + 1); scanned blocks get
+  the same per-layer rates along their stacked axis."""
+  import jax
+  from configs import digits
+  params = jax.tree_util.tree_map(lambda s: jnp.zeros(s.shape), _tiny_vit(scan))
+  c = digits.get_config()
+  c.update(dict(optimizer="sgd", learning_rate=1.0, warmup_steps=0,
+                momentum=0.0, grad_clip_norm=0.0, layer_decay=0.5))
+  tx = optim.make_optimizer(c)
+  grads = jax.tree_util.tree_map(jnp.ones_like, params)
+  up, _ = tx.update(grads, tx.init(params), params)
+  L = 3
+  assert float(up["head"]["kernel"][0, 0]) == -1.0
+  assert float(up["Transformer"]["encoder_norm"]["scale"][0]) == -1.0
+  assert float(up["embedding"]["kernel"].ravel()[0]) == -(0.5 ** (L + 1))
+  assert float(up["Transformer"]["posembed_input"]["pos_embedding"].ravel()[0]) == -(0.5 ** (L + 1))
+  for i in range(L):
+    if scan:
+      got = up["Transformer"]["encoderblock"]["LayerNorm_0"]["scale"][i, 0]
+    else:
+      got = up["Transformer"][f"encoderblock_{i}"]["LayerNorm_0"]["scale"][0]
+    assert float(got) == -(0.5 ** (L - i)), i
+  c.layer_decay = 1.5
+  with pytest.raises(ValueError, match="layer_decay=1.5"):
+    optim.make_optimizer(c)
+
+
+def test_linear_probe_trains_the_head_only():
+  import jax
+  from configs import digits
+  params = jax.tree_util.tree_map(lambda s: jnp.ones(s.shape), _tiny_vit())
+  c = digits.get_config()
+  c.update(dict(linear_probe=True, warmup_steps=0))
+  tx = optim.make_optimizer(c)
+  grads = jax.tree_util.tree_map(jnp.ones_like, params)
+  up, _ = tx.update(grads, tx.init(params), params)
+  moved = {jax.tree_util.keystr(p): bool(jnp.any(u != 0)) for p, u in
+           jax.tree_util.tree_leaves_with_path(up)}
+  assert moved["['head']['kernel']"] and moved["['head']['bias']"]
+  assert not any(v for k, v in moved.items() if not k.startswith("['head']"))
