@@ -94,15 +94,11 @@ def extract(checkpoint: Union[str, inference.Loaded], *,
     overrides = {"patch_size": patch_size} if patch_size else {}
     loaded = inference.load(checkpoint, model_name=model_name,
                             image_size=image_size, **overrides)
-  run = loaded.info.get("config") or {}
-  dataset = dataset or run.get("dataset")
-  split = split or run.get("eval_split") or "test"
-  data_dir = run.get("data_dir") if data_dir is None else data_dir
-  if not dataset:
-    raise ValueError("Which dataset? Pass dataset= (--dataset): a tfds name "
-                     "or folder:/path/to/images.")
   if batch_size < 1:
     raise ValueError(f"batch_size={batch_size}: expected >= 1")
+  config, src = evaluate.eval_source(loaded, dataset, split, data_dir,
+                                     download)
+  dataset, split = config.dataset, config.eval_split
   model = loaded.model
   grid_layer = (visualize.resolve_layer(layer, model.num_layers)
                 if patch_grids else None)
@@ -111,9 +107,6 @@ def extract(checkpoint: Union[str, inference.Loaded], *,
   mesh = train_lib.make_mesh()
   n_dev, n_proc = jax.device_count(), jax.process_count()
   global_batch = -(-int(batch_size) // n_dev) * n_dev
-  config = evaluate._eval_config(  # pylint: disable=protected-access
-      dataset, split, data_dir, download, loaded)
-  src = input_pipeline.get_source(config)
   pre = loaded.preprocessing
   ds, num_batches = input_pipeline.eval_dataset(
       config, src, local_batch=global_batch // n_proc,

@@ -27,6 +27,19 @@ Named intermediates are sown into the ``'intermediates'`` collection
 (``stem``, ``block00`` ..., ``encoded``, ``pre_logits``, ``logits``)::
 
     logits, state = model.apply(variables, images, mutable=["intermediates"])
+
+Dense features of chosen blocks, as timm's ``forward_intermediates``::
+
+    final, grids = model.apply(variables, images,
+                               method=model.forward_intermediates,
+                               indices=4, norm=True)   # last 4: (B, h, w, D)
+
+Any resolution with one set of variables (the position embedding is
+resampled in the forward pass, as timm's ``dynamic_img_size``; under
+``jax.jit`` each new input shape compiles once)::
+
+    model = get_model("vit_b_16", dynamic_img_size=True)
+    logits = model.apply(variables, images_384x512)
 """
 
 from __future__ import annotations
