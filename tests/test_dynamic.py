@@ -93,17 +93,20 @@ def test_resample_posemb_timm_method_equals_resample_abs_pos_embed(new, prefix):
 
 
 @pytest.mark.parametrize("family", sorted(FAMILIES))
-def test_dynamic_img_size_equals_timm_at_three_sizes(family):
+def test_dynamic_img_size_equals_timm_at_three_sizes(family, record_property):
   m = random_timm(dynamic_img_size=True, **FAMILIES[family])
   model, variables = formats.from_timm(m.state_dict(), dynamic_img_size=True)
   assert model.dynamic_img_size
+  worst = 0.0
   for h, w in SIZES:
     x = images(2, w, height=h, seed=h + w)
-    assert_close_rel(apply(model, variables, x), run_timm(m, x),
-                     what=f"{family} logits at {h}x{w}")
-    assert_close_rel(
+    rel = assert_close_rel(apply(model, variables, x), run_timm(m, x),
+                           what=f"{family} logits at {h}x{w}")
+    worst = max(worst, rel.rel, assert_close_rel(
         apply(model, variables, x, method=model.forward_features),
-        run_timm(m, x, "forward_features"), what=f"{family} tokens {h}x{w}")
+        run_timm(m, x, "forward_features"),
+        what=f"{family} tokens {h}x{w}").rel)
+  record_property("rel_err", worst)
 
 
 def test_dynamic_img_size_with_scan_under_jit_compiles_once_per_shape():
@@ -180,7 +183,7 @@ def test_dynamic_img_pad_equals_timm():
 
 @pytest.mark.parametrize("old, new", [(16, 8), (16, 32), (14, 16), (16, 12),
                                       (4, 3)])
-def test_resample_patch_embed_equals_timm(old, new):
+def test_resample_patch_embed_equals_timm(old, new, record_property):
   kernel = np.random.default_rng(old * new).standard_normal(
       (old, old, 3, 8)).astype(np.float32)
   ref = resample_patch_embed(torch.from_numpy(kernel.transpose(3, 2, 0, 1)),
@@ -188,7 +191,8 @@ def test_resample_patch_embed_equals_timm(old, new):
   ours = convert.resample_patch_embed(kernel, new)
   assert ours.shape == (new, new, 3, 8) and ours.dtype == np.float32
   # timm's pseudo-inverse runs in float32, ours in float64.
-  assert_close_rel(ours, ref, 1e-5, f"kernel {old}->{new}")
+  record_property("rel_err", assert_close_rel(
+      ours, ref, 1e-5, f"kernel {old}->{new}").rel)
 
 
 def test_resampled_kernel_sees_an_upsampled_patch_as_the_original():
@@ -208,7 +212,7 @@ def test_resampled_kernel_sees_an_upsampled_patch_as_the_original():
 @pytest.mark.parametrize("family", ["classic", "registers"])
 @pytest.mark.parametrize("patch, size", [(8, None), (32, None), (12, 48)])
 def test_load_at_another_patch_size_equals_timm_set_input_size(
-    family, patch, size):
+    family, patch, size, record_property):
   m = random_timm(**FAMILIES[family])
   sd = {k: v.clone() for k, v in m.state_dict().items()}
   m.set_input_size(img_size=size, patch_size=patch)
@@ -216,8 +220,9 @@ def test_load_at_another_patch_size_equals_timm_set_input_size(
                                        scan_layers=patch == 12)
   assert model.patch_size == patch
   x = images(2, size or SIZE)
-  assert_close_rel(apply(model, variables, x), run_timm(m, x),
-                   what=f"{family} at /{patch}")
+  record_property("rel_err", assert_close_rel(
+      apply(model, variables, x), run_timm(m, x),
+      what=f"{family} at /{patch}").rel)
 
 
 def test_weights_load_takes_patch_size_with_a_name(tmp_path):
