@@ -174,3 +174,61 @@ def test_cli_errors(files, tmp_path, capsys):
   assert vis.main(["--checkpoint", str(tmp_path / "nothing.npz"),
                    files["a.png"]]) == 1
   assert "no such file" in capsys.readouterr().err
+
+
+def test_feature_pca_finds_the_known_directions():
+  """Features = a * u + b * v + small noise (a, b on a grid): the first two
+  components follow a and b (up to sign), fitted jointly over two grids."""
+  rng = np.random.default_rng(0)
+  u, v = np.linalg.qr(rng.standard_normal((16, 2)))[0].T
+  a = np.linspace(-3, 3, 6)[:, None] * np.ones((1, 5))  # varies by row
+  b = np.ones((6, 1)) * np.linspace(-1, 1, 5)[None]  # by column
+  g1 = a[..., None] * u + b[..., None] * v + 1e-3 * rng.standard_normal(
+      (6, 5, 16))
+  g2 = g1[::2]  # another grid size (a and b stay uncorrelated)
+  r1, r2 = vis.feature_pca([g1, g2])
+  assert r1.shape == (6, 5, 3) and r2.shape == (3, 5, 3)
+  assert r1.min() >= 0 and r1.max() <= 1
+  for comp, truth in ((0, a), (1, b)):
+    c = np.corrcoef(r1[..., comp].ravel(), truth.ravel())[0, 1]
+    assert abs(c) > 0.999, (comp, c)
+  # Joint fit: g2's patches are g1's rows, so they get the same colours.
+  np.testing.assert_allclose(r2, r1[::2], rtol=0, atol=1e-9)
+
+
+def test_pca_picture_at_a_high_non_square_resolution(files, tmp_path, capsys):
+  """--pca runs the model (trained at 48 px, 3x3 patches) with
+  dynamic_img_size on a 60x80 image at a short side of 96 px: a 6x8 grid."""
+  out = str(tmp_path / "pca")
+  assert vis.main(["--checkpoint", files["npz"], "--out", out, "--pca",
+                   "--pca_size", "96", "--no_posemb", files["a.png"],
+                   files["b.jpg"]]) == 0
+  assert {"a_feature_pca.png", "b_feature_pca.png", "a_rollout.png",
+          "b_rollout.png", "a_attention_layer1.png",
+          "b_attention_layer1.png"} == set(os.listdir(out))
+  assert _is_png(os.path.join(out, "a_feature_pca.png"))
+  loaded = vis.inference.load(files["npz"])
+  img = vis.inference.read_image(files["a.png"])
+  x = vis.pca_input(img, loaded.preprocessing, 96, 16)
+  assert x.shape == (96, 128, 3)
+  grid = vis.make_patch_features_fn(loaded.model, 1)(loaded.variables, x[None])
+  assert grid.shape == (1, 6, 8, 192)
+  dyn = loaded.model.clone(dynamic_img_size=True)
+  want = dyn.apply(loaded.variables, x[None], method=dyn.forward_intermediates,
+                   norm=True, intermediates_only=True)[1]
+  np.testing.assert_allclose(grid, want, rtol=1e-5, atol=1e-5)
+
+
+def test_register_model_without_embedded_prefix_is_drawn(tmp_path):
+  """A DINOv2-with-registers layout: 1 + 4 prefix tokens, none of them in
+  the position embedding."""
+  model, variables = random_model(num_registers=4, no_embed_class=True)
+  pe = variables["params"]["Transformer"]["posembed_input"]["pos_embedding"]
+  assert pe.shape == (1, 9, 192) and vis.num_prefix_tokens(model) == 5
+  path = str(tmp_path / "reg.safetensors")
+  formats.save_safetensors(variables, path, model=model)
+  Image.fromarray(np.zeros((48, 48, 3), np.uint8)).save(tmp_path / "z.png")
+  out = str(tmp_path / "out")
+  assert vis.main(["--checkpoint", path, "--out", out, "--pca",
+                   str(tmp_path / "z.png")]) == 0
+  assert "posemb_similarity.png" in os.listdir(out)

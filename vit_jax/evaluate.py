@@ -42,6 +42,32 @@ def _eval_config(dataset: str, split: str, data_dir: Optional[str],
   })
 
 
+def eval_source(loaded: inference.Loaded, dataset: Optional[str] = None,
+                split: Optional[str] = None, data_dir: Optional[str] = None,
+                download: bool = True, needs_head: bool = False):
+  """(config, :class:`~vit_jax.input_pipeline.DataSource`) of
+  ``dataset[split]`` as the evaluation pipeline reads it for ``loaded``
+  (its preprocessing's crop and resize). For a training checkpoint,
+  ``dataset`` / ``split`` / ``data_dir`` default to its run's (its eval
+  split); ``needs_head``: refuse a model without a classification head."""
+  from vit_jax import input_pipeline  # pylint: disable=import-outside-toplevel
+
+  run = loaded.info.get("config") or {}  # a training run's config
+  dataset = dataset or run.get("dataset")
+  split = split or run.get("eval_split") or "test"
+  if data_dir is None:
+    data_dir = run.get("data_dir")
+  if not dataset:
+    raise ValueError("Which dataset? Pass dataset= (--dataset), e.g. "
+                     "'imagenet2012' with split 'validation', or "
+                     "'folder:/path/to/images'.")
+  if needs_head and not loaded.num_classes:
+    raise ValueError(f"{loaded.description}: no classification head to "
+                     f"evaluate.")
+  config = _eval_config(dataset, split, data_dir, download, loaded)
+  return config, input_pipeline.get_source(config)
+
+
 def evaluate(checkpoint: Union[str, inference.Loaded], *,
              dataset: Optional[str] = None, split: Optional[str] = None,
              data_dir: Optional[str] = None, batch_size: int = 256,
@@ -62,22 +88,12 @@ def evaluate(checkpoint: Union[str, inference.Loaded], *,
   loaded = (checkpoint if isinstance(checkpoint, inference.Loaded) else
             inference.load(checkpoint, model_name=model_name,
                            image_size=image_size))
-  run = loaded.info.get("config") or {}  # a training run's config
-  dataset = dataset or run.get("dataset")
-  split = split or run.get("eval_split") or "test"
-  if data_dir is None:
-    data_dir = run.get("data_dir")
-  if not dataset:
-    raise ValueError("Which dataset? Pass dataset= (--dataset), e.g. "
-                     "'imagenet2012' with split 'validation'.")
   if batch_size < 1:
     raise ValueError(f"batch_size={batch_size}: expected >= 1")
+  config, src = eval_source(loaded, dataset, split, data_dir, download,
+                            needs_head=True)
+  dataset, split = config.dataset, config.eval_split
   num_classes = loaded.num_classes
-  if not num_classes:
-    raise ValueError(f"{loaded.description}: no classification head to "
-                     f"evaluate.")
-  config = _eval_config(dataset, split, data_dir, download, loaded)
-  src = input_pipeline.get_source(config)
   if src.num_classes != num_classes:
     raise ValueError(
         f"The model has {num_classes} classes but {dataset!r} has "

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import functools
 import math
-from typing import Any, Optional, Tuple
+from typing import Any, Optional, Sequence, Tuple
 
 import flax.linen as nn
 import jax
@@ -21,7 +21,7 @@ import jax.numpy as jnp
 from jax import lax
 import numpy as np
 
-from vit_jax import kernels
+from vit_jax import interpolate, kernels
 
 Dtype = Any
 
@@ -340,22 +340,87 @@ class MAPHead(nn.Module):
 
 class AddPositionEmbs(nn.Module):
   """Adds a learned 1-D position embedding (one row per token it is given:
-  the patch tokens, plus the prefix tokens unless ``no_embed_class``)."""
+  the patch tokens, plus the prefix tokens unless ``no_embed_class``).
+
+  With ``dynamic=True`` (a model's ``dynamic_img_size``) the parameter keeps
+  the shape it was made for (``base_grid``, else the square its patch rows
+  form, else at ``init`` the input's grid) and its patch rows are resampled
+  to the input's ``grid`` inside the forward pass whenever the two differ,
+  exactly as timm's ``dynamic_img_size`` does (``resample_abs_pos_embed``:
+  antialiased bicubic, half-pixel centres; prefix rows kept). The per-axis
+  interpolation matrices are numpy constants built at trace time
+  (:mod:`vit_jax.interpolate`), applied as two small matmuls, so gradients
+  flow to the stored embedding; under ``jax.jit`` each new input shape
+  traces and compiles once.
+  """
 
   grid: Tuple[int, int]
   num_prefix_tokens: int
   param_dtype: Dtype = jnp.float32
+  dynamic: bool = False
+  base_grid: Optional[Tuple[int, int]] = None
 
   @nn.compact
   def __call__(self, x):
-    shape = (1, x.shape[1], x.shape[2])
+    if not self.dynamic:
+      shape = (1, x.shape[1], x.shape[2])
+      if self.has_variable("params", "pos_embedding"):
+        have = self.get_variable("params", "pos_embedding").shape
+        if tuple(have) != shape:
+          _raise_posemb_mismatch(have, shape, self.grid,
+                                 self.num_prefix_tokens)
+      pe = self.param("pos_embedding", nn.initializers.normal(stddev=0.02),
+                      shape, self.param_dtype)
+      return x + pe.astype(x.dtype)
+
+    prefix, d = self.num_prefix_tokens, x.shape[2]
     if self.has_variable("params", "pos_embedding"):
-      have = self.get_variable("params", "pos_embedding").shape
-      if tuple(have) != shape:
-        _raise_posemb_mismatch(have, shape, self.grid, self.num_prefix_tokens)
+      shape = tuple(self.get_variable("params", "pos_embedding").shape)
+      base = self.base_grid or _square_grid(shape[1] - prefix, prefix)
+      if shape != (1, prefix + base[0] * base[1], d):
+        raise ValueError(
+            f"The position embedding has shape {shape}, but the model's "
+            f"image_size gives a {base[0]}x{base[1]} patch grid: expected "
+            f"(1, {prefix + base[0] * base[1]}, {d}) ({prefix} prefix "
+            f"row(s)). Set image_size to the resolution the weights were "
+            f"made for.")
+    else:
+      base = tuple(self.base_grid or self.grid)
+      shape = (1, prefix + base[0] * base[1], d)
     pe = self.param("pos_embedding", nn.initializers.normal(stddev=0.02),
                     shape, self.param_dtype)
+    if tuple(base) != tuple(self.grid):
+      pe = resample_grid(pe, base, self.grid, prefix)
     return x + pe.astype(x.dtype)
+
+
+def resample_grid(pe, old_grid, new_grid, num_prefix_tokens: int):
+  """(1, prefix + gh*gw, D) -> (1, prefix + nh*nw, D) in JAX: timm's
+  ``resample_abs_pos_embed`` (antialiased bicubic, float32) as two matmuls
+  with constant matrices; the prefix rows are kept."""
+  (gh, gw), (nh, nw) = old_grid, new_grid
+  dtype = pe.dtype
+  pe = pe.astype(jnp.float32)
+  head, grid = pe[:, :num_prefix_tokens], pe[:, num_prefix_tokens:]
+  grid = grid.reshape(gh, gw, -1)
+  hi = lax.Precision.HIGHEST  # an exact resample on every backend
+  mh = jnp.asarray(interpolate.aa_bicubic_matrix(gh, nh), jnp.float32)
+  mw = jnp.asarray(interpolate.aa_bicubic_matrix(gw, nw), jnp.float32)
+  grid = jnp.einsum("Hh,hwd->Hwd", mh, grid, precision=hi)
+  grid = jnp.einsum("Ww,hwd->hWd", mw, grid, precision=hi)
+  out = jnp.concatenate([head, grid.reshape(1, nh * nw, -1)], axis=1)
+  return out.astype(dtype)
+
+
+def _square_grid(rows: int, prefix: int) -> Tuple[int, int]:
+  side = math.isqrt(max(rows, 0))
+  if side * side != rows:
+    raise ValueError(
+        f"The position embedding has {rows} patch rows (+ {prefix} prefix "
+        f"token(s)), which are not a square grid: a dynamic_img_size model "
+        f"needs to know the grid they were made for; set image_size=(height, "
+        f"width) to the resolution of the weights.")
+  return side, side
 
 
 def _raise_posemb_mismatch(have, want, grid, prefix):
@@ -369,12 +434,16 @@ def _raise_posemb_mismatch(have, want, grid, prefix):
       f"a {grid[0]}x{grid[1]} patch grid ({want[1]} rows needed). Resample the "
       f"embedding to the new resolution first, e.g. "
       f"vit_jax.convert.resize_posemb(variables, image_size) or "
-      f"convert.from_torchvision(..., image_size=...).")
+      f"convert.from_torchvision(..., image_size=...), or build the model "
+      f"with dynamic_img_size=True to run any resolution.")
 
 
 class Encoder(nn.Module):
   """Position embedding + dropout + (pre-norm) + ``num_layers`` blocks +
-  final LayerNorm (absent with ``final_norm=False``)."""
+  final LayerNorm (absent with ``final_norm=False``).
+
+  ``dynamic_img_size`` / ``base_grid``: see :class:`AddPositionEmbs`.
+  """
 
   num_layers: int
   mlp_dim: int
@@ -395,14 +464,20 @@ class Encoder(nn.Module):
   layer_norm_eps: float = LN_EPS
   act: str = "gelu"
   qkv_bias: bool = True
+  dynamic_img_size: bool = False
+  base_grid: Optional[Tuple[int, int]] = None
 
   @nn.compact
-  def __call__(self, x, *, prefix=None, grid: Tuple[int, int], train: bool):
+  def __call__(self, x, *, prefix=None, grid: Tuple[int, int], train: bool,
+               take: Optional[Sequence[int]] = None, norm_taken: bool = False):
     """``x``: patch tokens (B, N, D); ``prefix``: class / register tokens
-    (B, P, D) or None. Returns (encoded tokens, every block's output)."""
+    (B, P, D) or None. Returns (encoded tokens, block outputs): every
+    block's output, or those of the blocks ``take`` lists (0-based, in that
+    order), passed through the final LayerNorm with ``norm_taken``."""
     num_prefix = 0 if prefix is None else prefix.shape[1]
     pos = AddPositionEmbs(grid, 0 if self.no_embed_class else num_prefix,
-                          self.param_dtype, name="posembed_input")
+                          self.param_dtype, dynamic=self.dynamic_img_size,
+                          base_grid=self.base_grid, name="posembed_input")
     if self.no_embed_class:  # DeiT-III, DINOv2-reg: prefix tokens get none
       x = pos(x)
       if prefix is not None:
@@ -448,8 +523,14 @@ class Encoder(nn.Module):
       for i in range(self.num_layers):
         x, _ = block_cls(name=f"encoderblock_{i}", **kwargs)(x, float(rates[i]))
         block_outputs.append(x)
-    encoded = ln(name="encoder_norm")(x) if self.final_norm else x
-    return encoded, block_outputs
+    if take is not None:
+      block_outputs = [block_outputs[i] for i in take]
+    if not self.final_norm:
+      return x, block_outputs
+    norm = ln(name="encoder_norm")  # one module: the same parameters
+    if norm_taken:
+      block_outputs = [norm(y) for y in block_outputs]
+    return norm(x), block_outputs
 
 
 def _remat_policy(name: str):

@@ -27,6 +27,19 @@ Named intermediates are sown into the ``'intermediates'`` collection
 (``stem``, ``block00`` ..., ``encoded``, ``pre_logits``, ``logits``)::
 
     logits, state = model.apply(variables, images, mutable=["intermediates"])
+
+Dense features of chosen blocks, as timm's ``forward_intermediates``::
+
+    final, grids = model.apply(variables, images,
+                               method=model.forward_intermediates,
+                               indices=4, norm=True)   # last 4: (B, h, w, D)
+
+Any resolution with one set of variables (the position embedding is
+resampled in the forward pass, as timm's ``dynamic_img_size``; under
+``jax.jit`` each new input shape compiles once)::
+
+    model = get_model("vit_b_16", dynamic_img_size=True)
+    logits = model.apply(variables, images_384x512)
 """
 
 from __future__ import annotations
@@ -34,7 +47,8 @@ from __future__ import annotations
 import dataclasses
 import functools
 import re
-from typing import Any, Literal, Mapping, Optional, Sequence, Union
+from typing import (Any, List, Literal, Mapping, Optional, Sequence, Tuple,
+                    Union)
 
 import flax.linen as nn
 import jax
@@ -59,6 +73,7 @@ __all__ = [
     "get_model",
     "variant_name",
     "count_params",
+    "feature_take_indices",
 ]
 
 
@@ -139,6 +154,17 @@ class VisionTransformer(nn.Module):
     hidden_size, num_layers, num_heads, mlp_dim: the encoder's size.
     image_size: optional fixed input size (int or (H, W)). When ``None`` the
       position embedding takes its size from the input given to ``init``.
+      With ``dynamic_img_size`` it is the resolution the position embedding
+      is laid out for (needed only when that grid is not square).
+    dynamic_img_size: run any input size divisible by the patch (square or
+      not) with one set of variables: the position embedding is resampled
+      to the input's patch grid inside the forward pass, as timm's
+      ``dynamic_img_size=True`` does (antialiased bicubic; see
+      :class:`~vit_jax.layers.AddPositionEmbs`). Under ``jax.jit`` every new
+      input shape is traced and compiled once (then cached).
+    dynamic_img_pad: zero-pad the input at the bottom and right to the next
+      multiple of the patch size (timm's ``dynamic_img_pad``), so any size
+      runs; the patch grid is ``ceil(size / patch)``.
     num_channels: channels of the input images (last axis).
     representation_size: width of an extra Dense + tanh ``pre_logits`` layer
       (ViT i21k checkpoints; Hugging Face's ``ViTModel`` pooler). Applied
@@ -217,6 +243,8 @@ class VisionTransformer(nn.Module):
   remat_policy: Optional[str] = None
   sow_attention_weights: bool = False
   attention_impl: Optional[str] = None
+  dynamic_img_size: bool = False
+  dynamic_img_pad: bool = False
 
   @property
   def num_prefix_tokens(self) -> int:
@@ -255,19 +283,21 @@ class VisionTransformer(nn.Module):
           f"height, width, {c}), got shape {shape}.{hint}")
     h, w = shape[1], shape[2]
     p = self.patch_size
-    if h % p or w % p:
+    if (h % p or w % p) and not self.dynamic_img_pad:
       raise ValueError(
           f"Image size {h}x{w} is not divisible by the patch size {p}: "
           f"expected height and width that are multiples of {p} (e.g. "
-          f"{max(p, h // p * p)}x{max(p, w // p * p)}).")
-    if self.image_size is not None:
+          f"{max(p, h // p * p)}x{max(p, w // p * p)}), or a model with "
+          f"dynamic_img_pad=True.")
+    if self.image_size is not None and not self.dynamic_img_size:
       want = _pair(self.image_size)
       if (h, w) != want:
         raise ValueError(
             f"This model was built for {want[0]}x{want[1]} images, got "
             f"{h}x{w}. Resample the position embedding "
             f"(vit_jax.convert.resize_posemb) and set image_size to use "
-            f"another resolution.")
+            f"another resolution, or build the model with "
+            f"dynamic_img_size=True.")
     if not jnp.issubdtype(images.dtype, jnp.floating):
       raise ValueError(
           f"Expected float images (normalised), got dtype {images.dtype}.")
@@ -338,13 +368,27 @@ class VisionTransformer(nn.Module):
         no_embed_class=self.no_embed_class, pre_norm=self.pre_norm,
         final_norm=not self.fc_norm, layer_scale_init=self.layer_scale_init,
         layer_norm_eps=self.layer_norm_eps, act=self.act,
-        qkv_bias=self.qkv_bias)
+        qkv_bias=self.qkv_bias, dynamic_img_size=self.dynamic_img_size,
+        base_grid=self.base_grid)
+
+  @property
+  def base_grid(self) -> Optional[Tuple[int, int]]:
+    """The patch grid of ``image_size`` (None when it is not set)."""
+    if self.image_size is None:
+      return None
+    h, w = _pair(self.image_size)
+    return h // self.patch_size, w // self.patch_size  # timm's grid_size
 
   def embed(self, images, *, train: bool = False):
     """Images (B, H, W, C) -> (patch tokens (B, N, D), prefix tokens
     (B, P, D) or None: class token then registers, (h, w) patch grid)."""
     self._check_images(images)
     x = images
+    if self.dynamic_img_pad:  # bottom / right to a multiple of the patch
+      p = self.patch_size
+      pad_h, pad_w = -x.shape[1] % p, -x.shape[2] % p
+      if pad_h or pad_w:
+        x = jnp.pad(x, ((0, 0), (0, pad_h), (0, pad_w), (0, 0)))
     if self.conv_stem:
       for conv, bn in zip(self.stem_convs, self.stem_bns):
         x = nn.relu(bn(conv(x), use_running_average=not train))
@@ -371,6 +415,54 @@ class VisionTransformer(nn.Module):
       self.sow("intermediates", f"block{i:02d}", y)
     self.sow("intermediates", "encoded", encoded)
     return encoded
+
+  def forward_intermediates(
+      self, images, *, indices: Union[None, int, Sequence[int]] = None,
+      norm: bool = False, output_fmt: str = "NHWC",
+      return_prefix_tokens: bool = False, intermediates_only: bool = False,
+      train: bool = False):
+    """Chosen blocks' outputs as dense features (timm's
+    ``forward_intermediates``, with its argument semantics).
+
+    Args:
+      images: (B, H, W, C) float images.
+      indices: ``None``: every block; an int ``n``: the last ``n`` blocks; a
+        sequence: those blocks (0-based; negative counts from the end).
+        Returned in block order. Python ints (static under ``jit``).
+      norm: pass each intermediate through the final LayerNorm (none for
+        an ``fc_norm`` model, as timm).
+      output_fmt: ``'NHWC'``: patch tokens as (B, h, w, D) grids;
+        ``'NLC'``: as (B, h*w, D) sequences; ``'NCHW'``: timm's layout.
+      return_prefix_tokens: each intermediate becomes a pair (patch
+        tokens, prefix tokens (B, P, D): class token, then registers).
+      intermediates_only: return the list of intermediates only.
+      train: dropout / drop-path on (needs a ``'dropout'`` rng).
+
+    Returns:
+      ``(final features, intermediates)``: the final features are
+      :meth:`forward_features`'s (B, prefix + N, D) tokens; or the list of
+      intermediates only. Works with ``scan_layers=True`` and with
+      ``dynamic_img_size`` (the grid is the input's).
+    """
+    if output_fmt not in ("NHWC", "NLC", "NCHW"):
+      raise ValueError(f"output_fmt={output_fmt!r}: expected 'NHWC', 'NLC' "
+                       f"or 'NCHW'")
+    take = feature_take_indices(self.num_layers, indices)
+    x, prefix, grid = self.embed(images, train=train)
+    encoded, blocks = self.Transformer(x, prefix=prefix, grid=grid,
+                                       train=train, take=take, norm_taken=norm)
+    p = self.num_prefix_tokens
+    out: List[Any] = []
+    for y in blocks:
+      tokens = y[:, p:]
+      if output_fmt != "NLC":
+        tokens = tokens.reshape(y.shape[0], *grid, y.shape[-1])
+        if output_fmt == "NCHW":
+          tokens = tokens.transpose(0, 3, 1, 2)
+      out.append((tokens, y[:, :p]) if return_prefix_tokens and p else tokens)
+    if intermediates_only:
+      return out
+    return encoded, out
 
   def pool(self, encoded):
     """Tokens (B, T, D) -> (B, D) by the ``classifier`` (then ``fc_norm``)."""
@@ -405,6 +497,33 @@ class VisionTransformer(nn.Module):
 
   def __call__(self, images, *, train: bool = False):
     return self.forward_head(self.forward_features(images, train=train))
+
+
+def feature_take_indices(num_blocks: int,
+                         indices: Union[None, int, Sequence[int]] = None
+                         ) -> List[int]:
+  """timm's ``feature_take_indices``: ``None`` -> every block, an int
+  ``n`` -> the last ``n``, a sequence -> those (negative from the end);
+  returned sorted and unique (the order the blocks produce them)."""
+  if indices is None:
+    indices = num_blocks
+  if isinstance(indices, (int, np.integer)):
+    n = int(indices)
+    if not 0 < n <= num_blocks:
+      raise ValueError(f"indices={n}: the last n blocks needs 1 <= n <= "
+                       f"{num_blocks} (the model's num_layers)")
+    return list(range(num_blocks - n, num_blocks))
+  take = []
+  for i in indices:
+    idx = int(i) + num_blocks if int(i) < 0 else int(i)
+    if not 0 <= idx < num_blocks:
+      raise ValueError(f"indices: block {i} is out of range for a model of "
+                       f"{num_blocks} blocks (0..{num_blocks - 1}, or "
+                       f"negative from the end)")
+    take.append(idx)
+  if not take:
+    raise ValueError("indices=[]: name at least one block")
+  return sorted(set(take))
 
 
 def _pair(v):

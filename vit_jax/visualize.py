@@ -1,14 +1,23 @@
-r"""Pictures of what a ViT does: attention maps, attention rollout, and the
-similarity of its learned position embeddings (matplotlib, PNG).
+r"""Pictures of what a ViT does: attention maps, attention rollout, the
+similarity of its learned position embeddings, and the principal components
+of its patch features (matplotlib, PNG).
 
     python -m vit_jax.visualize --checkpoint /tmp/digits --out docs/images \
-        --layer -1 digit.png
+        --layer -1 --pca digit.png
 
 writes, per image, ``<name>_attention_layer<L>.png`` (what the class token
 attends to in layer L, one panel per head, over the image the model sees) and
 ``<name>_rollout.png`` (attention rollout across all layers, Abnar & Zuidema
 2020), and once ``posemb_similarity.png`` (cosine similarity of each patch
-position's embedding with all others, as in figure 7 of the ViT paper).
+position's embedding with all others, as in figure 7 of the ViT paper). With
+``--pca``, also ``<name>_feature_pca.png``: the first three principal
+components of layer L's patch features (through the final LayerNorm) as
+RGB, the picture DINOv2 made familiar. It is drawn at a high resolution
+(``--pca_size``, default 32 patches on the short side, keeping the image's
+aspect ratio) through dynamic resolution: the model is run with
+``dynamic_img_size=True``, its position embedding resampled to that grid in
+the forward pass. The components are fitted jointly on all the images given,
+so the same colour means the same direction in feature space across them.
 
 The attention probabilities come from the model itself: it is cloned with
 ``sow_attention_weights=True`` and the probabilities are read from the
@@ -67,7 +76,14 @@ def attention_weights(model, variables, images) -> np.ndarray:
 
 
 def num_prefix_tokens(model) -> int:
-  return 1 if model.classifier == "token" else 0
+  """Tokens before the patches: the class token, then registers."""
+  return int(model.num_prefix_tokens)
+
+
+def posemb_prefix_rows(model) -> int:
+  """Rows of the position embedding before the patches' (none with
+  ``no_embed_class``)."""
+  return 0 if model.no_embed_class else num_prefix_tokens(model)
 
 
 def class_attention(weights: np.ndarray, grid, prefix: int) -> np.ndarray:
@@ -115,6 +131,73 @@ def posemb_similarity(variables, prefix: int, grid=None) -> np.ndarray:
   unit = pe / np.maximum(np.linalg.norm(pe, axis=-1, keepdims=True), 1e-12)
   sim = unit @ unit.T
   return sim.reshape(*grid, *grid)
+
+
+def feature_pca(grids: Sequence[np.ndarray], n_components: int = 3
+                ) -> List[np.ndarray]:
+  """Patch features -> their first principal components, scaled to [0, 1].
+
+  ``grids`` are (h, w, D) arrays (any grid sizes); the components are fitted
+  on all their patches together (scikit-learn's PCA: signs fixed, so the
+  result is deterministic) and each is min-max scaled over all patches.
+  Returns one (h, w, n_components) array per grid."""
+  from sklearn.decomposition import PCA  # pylint: disable=import-outside-toplevel
+
+  flat = np.concatenate([np.asarray(g, np.float64).reshape(-1, g.shape[-1])
+                         for g in grids])
+  if flat.shape[0] < n_components:
+    raise ValueError(f"{flat.shape[0]} patches: too few for "
+                     f"{n_components} principal components")
+  proj = PCA(n_components=n_components, svd_solver="full").fit_transform(flat)
+  lo, hi = proj.min(axis=0), proj.max(axis=0)
+  proj = (proj - lo) / np.maximum(hi - lo, 1e-12)
+  out, start = [], 0
+  for g in grids:
+    n = g.shape[0] * g.shape[1]
+    out.append(proj[start:start + n].reshape(g.shape[0], g.shape[1], -1))
+    start += n
+  return out
+
+
+def make_patch_features_fn(model, layer: int):
+  """jit(variables, images) -> layer ``layer``'s patch tokens through the
+  final LayerNorm, (B, h, w, D), at any input size (the model runs with
+  ``dynamic_img_size=True``; each new size compiles once)."""
+  import jax  # pylint: disable=import-outside-toplevel
+
+  dynamic = model.clone(dynamic_img_size=True)
+
+  @jax.jit
+  def run(variables, images):
+    (grid,) = dynamic.apply(variables, images,
+                            method=dynamic.forward_intermediates,
+                            indices=[layer], norm=True,
+                            intermediates_only=True)
+    return grid
+
+  return run
+
+
+def pca_input(image: np.ndarray, pre, size: int, patch: int) -> np.ndarray:
+  """uint8 (H, W, 3) -> float32 model input whose short side is ``size``
+  and both sides multiples of ``patch`` (aspect ratio kept up to a patch),
+  resized with the weights' interpolation and normalised with their
+  mean / std."""
+  from PIL import Image  # pylint: disable=import-outside-toplevel
+
+  from vit_jax import preprocessing  # pylint: disable=import-outside-toplevel
+
+  h, w = image.shape[:2]
+  scale = size / min(h, w)
+  new_h = max(patch, int(round(h * scale / patch)) * patch)
+  new_w = max(patch, int(round(w * scale / patch)) * patch)
+  interp = preprocessing._PIL_FILTERS.get(  # pylint: disable=protected-access
+      str(pre.interpolation).lower(), "BICUBIC")
+  im = Image.fromarray(np.asarray(image, np.uint8)).resize(
+      (new_w, new_h), getattr(Image.Resampling, interp))
+  x = np.asarray(im, np.float32) / 255.0
+  return ((x - np.asarray(pre.mean, np.float32)) /
+          np.asarray(pre.std, np.float32)).astype(np.float32)
 
 
 # --------------------------------------------------------------------------- #
@@ -217,6 +300,27 @@ def plot_posemb_similarity(sim: np.ndarray, path: str, *, title: str = "") -> st
   return path
 
 
+def plot_feature_pca(image: np.ndarray, rgb: np.ndarray, path: str, *,
+                     title: str = "", interpolation: str = "nearest") -> str:
+  """Input | its patch features' first three principal components as RGB."""
+  plt = _plt()
+  h, w = image.shape[:2]
+  panel = min(5.5, 3.2 * w / h)  # inches per panel, at the image's aspect
+  fig, axes = plt.subplots(1, 2, figsize=(2 * panel + 0.3,
+                                          panel * h / w + 0.9))
+  _show(axes[0], image, title=f"input ({h}x{w})")
+  axes[1].imshow(rgb, extent=(0, w, h, 0), interpolation=interpolation)
+  axes[1].set_xticks([])
+  axes[1].set_yticks([])
+  axes[1].set_title(f"patch features: PCA 1-3 as RGB ({rgb.shape[0]}x"
+                    f"{rgb.shape[1]} patches)", fontsize=9)
+  fig.suptitle(title, fontsize=10)
+  fig.tight_layout()
+  fig.savefig(path, dpi=110)
+  plt.close(fig)
+  return path
+
+
 # --------------------------------------------------------------------------- #
 # Images and checkpoints.
 # --------------------------------------------------------------------------- #
@@ -238,11 +342,14 @@ def resolve_layer(layer: int, num_layers: int) -> int:
 
 def visualize(loaded: inference.Loaded, image_paths: Sequence[str],
               out_dir: str, *, layer: int = -1, interpolation: str = "nearest",
-              posemb: bool = True, on_error=None) -> List[str]:
+              posemb: bool = True, pca: bool = False,
+              pca_size: Optional[int] = None, on_error=None) -> List[str]:
   """Writes the pictures for ``image_paths`` (and the position-embedding
-  grid) into ``out_dir``; returns the paths written. An unreadable image
-  raises :class:`vit_jax.inference.ImageError`, or, with ``on_error``, is
-  passed to it and the other images are still drawn."""
+  grid) into ``out_dir``; returns the paths written. With ``pca``, also
+  each image's feature-PCA picture at ``pca_size`` pixels on the short side
+  (default: 32 patches). An unreadable image raises
+  :class:`vit_jax.inference.ImageError`, or, with ``on_error``, is passed
+  to it and the other images are still drawn."""
   import jax  # pylint: disable=import-outside-toplevel
 
   os.makedirs(out_dir, exist_ok=True)
@@ -253,14 +360,19 @@ def visualize(loaded: inference.Loaded, image_paths: Sequence[str],
   grid = (size // model.patch_size, size // model.patch_size)
   written = []
   if posemb:
-    sim = posemb_similarity(loaded.variables, prefix, grid)
+    sim = posemb_similarity(loaded.variables, posemb_prefix_rows(model), grid)
     written.append(plot_posemb_similarity(
         sim, os.path.join(out_dir, "posemb_similarity.png"),
         title=f"Position embedding similarity ({grid[0]}x{grid[1]} patches)"))
   run = make_attention_fn(model) if image_paths else None
+  features = (make_patch_features_fn(model, layer)
+              if pca and image_paths else None)
+  pca_size = int(pca_size or max(size, 32 * model.patch_size))
+  pca_items = []  # (stem, display image, patch features)
   for path in image_paths:
     try:
-      x = loaded.preprocess(inference.read_image(path))[None]
+      raw = inference.read_image(path)
+      x = loaded.preprocess(raw)[None]
     except inference.ImageError as e:
       if on_error is None:
         raise
@@ -284,14 +396,27 @@ def visualize(loaded: inference.Loaded, image_paths: Sequence[str],
         os.path.join(out_dir, f"{stem}_rollout.png"),
         title=f"{os.path.basename(path)}: rollout over {model.num_layers} "
               f"layers; {guess}", interpolation=interpolation))
+    if features is not None:
+      big = pca_input(raw, loaded.preprocessing, pca_size, model.patch_size)
+      feats = np.asarray(features(loaded.variables, big[None]), np.float32)
+      pca_items.append((stem, _display(big, loaded.preprocessing), feats[0]))
+  if pca_items:
+    rgbs = feature_pca([f for _, _, f in pca_items])
+    for (stem, img, _), rgb in zip(pca_items, rgbs):
+      written.append(plot_feature_pca(
+          img, rgb, os.path.join(out_dir, f"{stem}_feature_pca.png"),
+          title=f"{stem}: layer {layer} of {model.num_layers} at "
+                f"{img.shape[0]}x{img.shape[1]}px (trained at {size}px)",
+          interpolation=interpolation))
   return written
 
 
 def _parser() -> argparse.ArgumentParser:
   ap = argparse.ArgumentParser(
       prog="python -m vit_jax.visualize",
-      description="Attention maps, attention rollout and position-embedding "
-                  "similarity of a ViT checkpoint, as PNG files.")
+      description="Attention maps, attention rollout, position-embedding "
+                  "similarity and feature PCA of a ViT checkpoint, as PNG "
+                  "files.")
   ap.add_argument("images", nargs="*", metavar="IMAGE",
                   help="image files or directories (none: only the "
                        "position-embedding picture)")
@@ -300,13 +425,20 @@ def _parser() -> argparse.ArgumentParser:
                   help="variant when the weights cannot tell (vit_b_16, ...)")
   ap.add_argument("--out", default="vit_pictures", help="output directory")
   ap.add_argument("--layer", type=int, default=-1,
-                  help="layer of the per-head maps (0-based; -1 = last)")
+                  help="layer of the per-head maps and of the feature PCA "
+                       "(0-based; -1 = last)")
   ap.add_argument("--interpolation", default="nearest",
                   help="how maps are drawn over the image (nearest shows the "
                        "patches; bilinear is smoother)")
   ap.add_argument("--image_size", type=int, default=None)
   ap.add_argument("--no_posemb", action="store_true",
                   help="skip the position-embedding picture")
+  ap.add_argument("--pca", action="store_true",
+                  help="also draw each image's patch features (layer "
+                       "--layer) as their first 3 principal components")
+  ap.add_argument("--pca_size", type=int, default=None,
+                  help="short side in pixels of the PCA pictures' input "
+                       "(any size: dynamic resolution; default 32 patches)")
   return ap
 
 
@@ -329,7 +461,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
   written = visualize(loaded, inference.expand_image_paths(args.images),
                       args.out, layer=args.layer,
                       interpolation=args.interpolation,
-                      posemb=not args.no_posemb, on_error=report)
+                      posemb=not args.no_posemb, pca=args.pca,
+                      pca_size=args.pca_size, on_error=report)
   for w in written:
     print(w)
   return 1 if errors else 0

@@ -116,6 +116,11 @@ def load(source, *, model_name: Optional[str] = None, image_size=None,
       it is checked against the weights.
     image_size: run at this resolution (the position embedding is
       resampled); default: the weights' own.
+    patch_size: run at this patch size (FlexiViT, timm's spelling): when it
+      differs from the weights' patchify kernel, the kernel is resampled by
+      pseudo-inverse and the position embedding to the new patch grid (a
+      /16 checkpoint at ``patch_size=8`` runs the same images on a grid
+      twice as fine). See :func:`vit_jax.weights.build.resize_patch`.
     num_heads: heads of a model of non-standard width.
     label_file: class names (one per line, or a JSON list).
     **model_overrides: options of the model built (``dtype``,
@@ -187,7 +192,7 @@ def _load(src: str, name, image_size, num_heads, overrides) -> Loaded:
   if os.path.isdir(src):
     if files.is_model_dir(src):
       return _load_dir(src, name, kw, src)
-    return _load_orbax(src, name, image_size)
+    return _load_orbax(src, name, image_size, overrides.get("patch_size"))
   ext = os.path.splitext(src)[1].lower()
   if ext == ".npz":
     variables = google_npz.npz_to_tree(files.read_npz(src),
@@ -275,7 +280,7 @@ def _load_dir(path: str, name, kw, src) -> Loaded:
                  "transformers")
 
 
-def _load_orbax(path: str, name, image_size) -> Loaded:
+def _load_orbax(path: str, name, image_size, patch_size=None) -> Loaded:
   from vit_jax import checkpoint, input_pipeline  # pylint: disable=import-outside-toplevel
   import types  # pylint: disable=import-outside-toplevel
 
@@ -288,10 +293,14 @@ def _load_orbax(path: str, name, image_size) -> Loaded:
       types.SimpleNamespace(
           eval_crop_fraction=float(run_pp.get("eval_crop_fraction", 0.875))),
       crop)
-  if image_size is not None and int(image_size) != crop:
+  if patch_size is not None and int(patch_size) != model.patch_size:
+    model, variables = build.resize_patch(  # per-layer variables here
+        model, variables, int(patch_size), image_size or crop)
+  elif image_size is not None and int(image_size) != crop:
     variables = build.posemb.resize_posemb(
         variables, image_size, model.patch_size,
         num_prefix_tokens=0 if model.no_embed_class else model.num_prefix_tokens)
+  if image_size is not None and int(image_size) != crop:
     resize = int(round(int(image_size) * resize / crop))
     crop = int(image_size)
   pre = pp.Preprocessing(crop, resize, "bilinear", tuple(info["mean"]),

@@ -93,7 +93,11 @@ class NameMismatch(ValueError):
 
 def _finish(variables, arch: Dict[str, Any], image_size, overrides,
             what: str, their: Optional[Tuple[mapping.Layout, dict]] = None):
-  """arch -> model; check the weights against it; resample; stack."""
+  """arch -> model; check the weights against it; resample; stack.
+
+  The checks run against the model at the weights' own patch size; a
+  ``patch_size`` override that differs from it (:func:`new_patch_size`)
+  then rebuilds both at the new one (:func:`resize_patch`)."""
   options = {k: v for k, v in overrides.items()
              if k not in _SIZE_FIELDS and k != "image_size"}
   model = models.get_model(arch, **options)
@@ -108,13 +112,54 @@ def _finish(variables, arch: Dict[str, Any], image_size, overrides,
   else:
     layout, sd = their
     check.check_keys(check.shapes(sd), mapping.expected(layout, want), what)
-  if image_size is not None:
+  patch = new_patch_size(arch, overrides)
+  if patch is not None:  # FlexiViT: the same weights at another patch size
+    model, variables = resize_patch(model, variables, patch, image_size)
+  elif image_size is not None:
     variables = posemb.resize_posemb(
         variables, image_size, model.patch_size,
         num_prefix_tokens=0 if model.no_embed_class else model.num_prefix_tokens)
   if model.scan_layers:
     variables = trees.stack_layers(variables)
   return model, variables
+
+
+def new_patch_size(arch: Mapping[str, Any], overrides) -> Optional[int]:
+  """A ``patch_size`` override that differs from the weights' patchify
+  kernel: the patch size to run at (timm's ``create_model(...,
+  patch_size=N)`` spelling), else None. A conv stem's patch size is its
+  strides', so there ``patch_size`` only states them (and is checked)."""
+  p = overrides.get("patch_size")
+  if p is None or arch.get("conv_stem") or int(p) == int(arch["patch_size"]):
+    return None
+  return int(p)
+
+
+def resize_patch(model, variables, patch_size: int, image_size=None):
+  """``(model, variables)`` at another patch size (FlexiViT; timm's
+  ``set_input_size(patch_size=...)``): the patch-embedding kernel resampled
+  by pseudo-inverse, the position embedding resampled as timm does
+  (antialiased bicubic) to the patch grid of ``image_size`` (default: the
+  resolution the weights were made for, e.g. a /16 224px checkpoint at
+  ``patch_size=8`` runs 224px images on a 28x28 grid). Per-layer trees."""
+  if model.conv_stem:
+    raise ValueError("patch_size: a conv stem's patch size is fixed by its "
+                     "strides; only a single patchify conv can be resampled.")
+  size = image_size or trees.native_image_size(variables, model)
+  if size is None:
+    raise ValueError(
+        f"patch_size={patch_size}: the weights' position embedding is not a "
+        f"square grid, so their resolution is unknown; pass image_size.")
+  h, w = models._pair(size)  # pylint: disable=protected-access
+  if h % patch_size or w % patch_size:
+    raise ValueError(f"patch_size={patch_size} does not divide the image "
+                     f"size {h}x{w}; pass an image_size it divides.")
+  variables = posemb.resize_posemb(
+      variables, (h, w), patch_size,
+      num_prefix_tokens=0 if model.no_embed_class else model.num_prefix_tokens,
+      method="timm")
+  variables = posemb.resize_patch_embed(variables, patch_size)
+  return model.clone(patch_size=patch_size), variables
 
 
 def _arch(variables, name, overrides, hints, image_size_hint=None):
@@ -127,6 +172,8 @@ def _arch(variables, name, overrides, hints, image_size_hint=None):
       arch[k] = v
   stated = {k: overrides[k] for k in _SIZE_FIELDS
             if overrides.get(k) is not None}
+  if new_patch_size(arch, overrides) is not None:
+    del stated["patch_size"]  # a patch size to run at, not the weights'
   if name is not None:
     check_name(arch, name, stated)
   else:

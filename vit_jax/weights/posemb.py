@@ -1,11 +1,20 @@
-"""Position-embedding resampling: a checkpoint made for one resolution used at
-another.
+"""Resampling the spatial weights: a checkpoint made for one resolution or
+patch size used at another.
 
-:func:`resample_posemb` is torchvision's ``interpolate_embeddings`` in numpy
-(bicubic, ``align_corners=True``, PyTorch's cubic kernel A = -0.75), so
-weights resampled here give torchvision's numbers; the prefix rows (class
-token, registers) are kept as they are. :func:`resize_posemb` applies it to
-a variables tree.
+* :func:`resample_posemb` / :func:`resize_posemb`: the position embedding
+  on a new patch grid. ``method='torchvision'`` (default) is torchvision's
+  ``interpolate_embeddings`` (bicubic, ``align_corners=True``, A = -0.75);
+  ``method='timm'`` is timm's ``resample_abs_pos_embed`` (bicubic with
+  antialiasing, half-pixel centres, A = -0.5), which is also what a
+  ``dynamic_img_size`` model computes inside its forward pass. The prefix rows
+  (class token, registers) are kept as they are.
+* :func:`resample_patch_embed` / :func:`resize_patch_embed`: FlexiViT's
+  (Beyer et al. 2023) pseudo-inverse resampling of the patch-embedding
+  kernel to another patch size: the same numbers as timm's
+  ``resample_patch_embed`` (and big_vision's ``resample_patchemb`` up to its
+  resize), so that ``<x, w> == <resize(x), resample(w)>`` for patches ``x``.
+
+The interpolation matrices are :mod:`vit_jax.interpolate`'s.
 """
 
 from __future__ import annotations
@@ -15,42 +24,18 @@ from typing import Optional, Tuple
 
 import numpy as np
 
-from vit_jax import models
+from vit_jax import interpolate, models
 from vit_jax.weights import trees
 
-
-def _cubic_weights(t: np.ndarray, a: float = -0.75) -> np.ndarray:
-  """Keys' cubic convolution weights for the 4 taps around ``t`` in [0, 1).
-
-  Same kernel (A = -0.75) as PyTorch's ``upsample_bicubic2d``; note
-  ``jax.image.resize`` uses A = -0.5 and half-pixel centres instead.
-  """
-  def near(x):  # |x| <= 1
-    return ((a + 2) * x - (a + 3)) * x * x + 1
-
-  def far(x):  # 1 < |x| < 2
-    return ((a * x - 5 * a) * x + 8 * a) * x - 4 * a
-
-  return np.stack([far(t + 1), near(t), near(1 - t), far(2 - t)], axis=-1)
+METHODS = ("torchvision", "timm")
 
 
-def _bicubic_matrix(n_in: int, n_out: int, dtype=np.float32) -> np.ndarray:
-  """(n_out, n_in) matrix of bicubic interpolation with align_corners=True.
-
-  Source coordinates and tap weights are computed in ``dtype``, as PyTorch
-  does for inputs of that dtype; the result is accumulated in float64.
-  """
-  f = np.dtype(dtype).type if np.dtype(dtype) == np.float64 else np.float32
-  scale = f(n_in - 1) / f(n_out - 1) if n_out > 1 else f(0)
-  src = np.arange(n_out, dtype=f) * scale
-  base = np.floor(src).astype(np.int64)
-  weights = _cubic_weights(src - base.astype(f)).astype(np.float64)
-  mat = np.zeros((n_out, n_in), np.float64)
-  for tap in range(4):
-    # Out-of-range taps read the border pixel, as PyTorch clamps indices.
-    idx = np.clip(base - 1 + tap, 0, n_in - 1)
-    np.add.at(mat, (np.arange(n_out), idx), weights[:, tap])
-  return mat
+def _matrix(method: str, n_in: int, n_out: int, dtype) -> np.ndarray:
+  if method == "torchvision":
+    return interpolate.bicubic_matrix(n_in, n_out, np.dtype(dtype).type)
+  if method == "timm":
+    return interpolate.aa_bicubic_matrix(n_in, n_out)
+  raise ValueError(f"method={method!r}: expected one of {METHODS}")
 
 
 def _grid_of(rows: int, what: str) -> Tuple[int, int]:
@@ -63,13 +48,17 @@ def _grid_of(rows: int, what: str) -> Tuple[int, int]:
 
 
 def resample_posemb(posemb, new_grid, *, num_prefix_tokens: int = 1,
-                    old_grid: Optional[Tuple[int, int]] = None) -> np.ndarray:
+                    old_grid: Optional[Tuple[int, int]] = None,
+                    method: str = "torchvision") -> np.ndarray:
   """Resamples a (1, prefix + H*W, D) position embedding to ``new_grid``.
 
-  Bicubic with ``align_corners=True``, prefix (class) tokens kept: the same
-  numbers as torchvision's ``interpolate_embeddings``. ``new_grid`` is an int
-  (square) or (height, width) in patches.
+  ``method='torchvision'``: bicubic with ``align_corners=True``, the same
+  numbers as torchvision's ``interpolate_embeddings``; ``'timm'``: timm's
+  ``resample_abs_pos_embed`` (antialiased bicubic). Prefix (class, register)
+  rows are kept. ``new_grid`` is an int (square) or (height, width) in
+  patches; ``old_grid`` defaults to the square the patch rows form.
   """
+  _matrix(method, 1, 1, np.float32)  # a clear error for an unknown method
   posemb = np.asarray(posemb)
   if posemb.ndim != 3 or posemb.shape[0] != 1:
     raise ValueError(f"Expected a position embedding of shape (1, tokens, "
@@ -84,19 +73,23 @@ def resample_posemb(posemb, new_grid, *, num_prefix_tokens: int = 1,
     return posemb
   d = grid.shape[-1]
   img = grid.reshape(gh, gw, d).astype(np.float64)
-  img = np.einsum("Hh,hwd->Hwd", _bicubic_matrix(gh, nh, posemb.dtype), img)
-  img = np.einsum("Ww,hwd->hWd", _bicubic_matrix(gw, nw, posemb.dtype), img)
+  img = interpolate.resize_2d(img, _matrix(method, gh, nh, posemb.dtype),
+                             _matrix(method, gw, nw, posemb.dtype))
   img = img.reshape(1, nh * nw, d).astype(posemb.dtype)
   return np.concatenate([prefix, img], axis=1)
 
 
 def resize_posemb(variables, image_size, patch_size: Optional[int] = None,
-                  num_prefix_tokens: Optional[int] = None):
+                  num_prefix_tokens: Optional[int] = None, *,
+                  method: str = "torchvision",
+                  old_grid: Optional[Tuple[int, int]] = None):
   """Returns ``variables`` with the position embedding resampled for
   ``image_size`` (int or (H, W)). ``patch_size`` defaults to the embedding
-  conv's kernel (pass it for a conv-stem model); ``num_prefix_tokens`` (the
-  embedding's rows that are not patches) to the class token and registers
-  the tree has (pass 0 for a ``no_embed_class`` model)."""
+  conv's kernel (pass it for a conv-stem model, or the new patch size when
+  the kernel is resampled too); ``num_prefix_tokens`` (the embedding's rows
+  that are not patches) to the class token and registers the tree has (pass
+  0 for a ``no_embed_class`` model). ``method`` and ``old_grid``: as
+  :func:`resample_posemb`."""
   params = trees.params_of(variables)
   if patch_size is None:
     patch_size = int(np.shape(params["embedding"]["kernel"])[0])
@@ -112,7 +105,8 @@ def resize_posemb(variables, image_size, patch_size: Optional[int] = None,
     if _is_square(rows) and not _is_square(rows - num_prefix_tokens):
       num_prefix_tokens = 0  # no_embed_class: patch rows only
   new = resample_posemb(pe, (h // patch_size, w // patch_size),
-                        num_prefix_tokens=num_prefix_tokens)
+                        num_prefix_tokens=num_prefix_tokens, method=method,
+                        old_grid=old_grid)
   return _replace_posemb(variables, new)
 
 
@@ -131,3 +125,50 @@ def _replace_posemb(variables, new):
     out["params"] = params
     return out
   return params
+
+
+# --------------------------------------------------------------------------- #
+# Patch embedding (FlexiViT).
+# --------------------------------------------------------------------------- #
+
+
+def resample_patch_embed(kernel, new_patch_size) -> np.ndarray:
+  """FlexiViT's pseudo-inverse resampling of a (P, P, C, D) patch-embedding
+  kernel to ``new_patch_size`` (an int or (height, width)).
+
+  With ``B`` the (P'*P', P*P) matrix of resizing a P x P patch to P' x P'
+  (antialiased bicubic, as timm), the new kernel is ``pinv(B).T @ w``: the
+  kernel whose response to a resized patch best matches the old kernel's
+  response to the patch (exact when upsampling). The same numbers as
+  ``timm.layers.resample_patch_embed`` on timm's (D, C, P, P) layout (timm
+  computes in float32, this in float64; the result has the kernel's dtype).
+  """
+  kernel = np.asarray(kernel)
+  if kernel.ndim != 4:
+    raise ValueError(f"Expected a patch-embedding kernel of shape (P, P, "
+                     f"channels, width) (our layout), got {kernel.shape}")
+  ph, pw = kernel.shape[:2]
+  nh, nw = models._pair(new_patch_size)  # pylint: disable=protected-access
+  if min(nh, nw) < 1:
+    raise ValueError(f"new_patch_size={new_patch_size}: expected positive "
+                     f"sizes")
+  if (nh, nw) == (ph, pw):
+    return kernel
+  # Resizing a patch (row-major pixels) is the Kronecker product of the two
+  # per-axis matrices; its pseudo-inverse maps the kernel.
+  resize = np.kron(interpolate.aa_bicubic_matrix(ph, nh),
+                   interpolate.aa_bicubic_matrix(pw, nw))  # (nh*nw, ph*pw)
+  w = kernel.astype(np.float64).reshape(ph * pw, -1)
+  new = np.linalg.pinv(resize).T @ w
+  return new.reshape(nh, nw, *kernel.shape[2:]).astype(kernel.dtype)
+
+
+def resize_patch_embed(variables, new_patch_size: int):
+  """Returns ``variables`` with ``embedding/kernel`` resampled to
+  ``new_patch_size`` (:func:`resample_patch_embed`; the bias is kept)."""
+  is_wrapped = "params" in variables
+  params = dict(trees.params_of(variables))
+  emb = dict(params["embedding"])
+  emb["kernel"] = resample_patch_embed(emb["kernel"], new_patch_size)
+  params["embedding"] = emb
+  return dict(variables, params=params) if is_wrapped else params

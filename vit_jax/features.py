@@ -1,0 +1,235 @@
+r"""Embeddings (and patch grids) of every example of a dataset split, to .npz.
+
+    python -m vit_jax.features --checkpoint runs/digits --split train \
+        --out runs/digits/feats_train.npz
+    python -m vit_jax.features --checkpoint runs/digits --split test \
+        --out runs/digits/feats_test.npz
+    python -m vit_jax.probe --train runs/digits/feats_train.npz \
+        --test runs/digits/feats_test.npz              # k-NN + linear probe
+
+Any checkpoint :func:`vit_jax.weights.load` accepts (``--patch_size`` and
+``--image_size`` as there); ``--dataset`` is a tfds name or
+``folder:/path`` (``<dir>/<split>/<label>/*.jpg``), default the run's. The
+data goes through the evaluation pipeline
+(:func:`vit_jax.input_pipeline.eval_dataset`: resize, center crop, the
+weights' mean/std; the last batch padded with ``mask == 0`` examples, which
+are dropped), batched over all devices (a ``('data',)`` mesh; each process
+reads its own slice), so every example is embedded exactly once; the count
+is checked against the split's size.
+
+The ``.npz`` holds ``embeddings`` (N, D) float32: the pooled features
+before the head (timm's ``forward_head(pre_logits=True)``: the class token
+after the final LayerNorm, or the mean / MAP pooling, ``fc_norm`` and
+``pre_logits`` where the model has them), ``labels`` (N,) int32,
+``label_names``, and with ``--patch_grids`` the patch tokens of one block
+(``--layer``, default the last) through the final LayerNorm as a (N, h, w,
+D) grid (:meth:`~vit_jax.models.VisionTransformer.forward_intermediates`;
+kept in memory: mind N * h * w * D). Rows are in the split's order (on
+several processes: grouped by process within each batch).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+from typing import Callable, Dict, Optional, Sequence, Union
+
+import numpy as np
+
+from vit_jax import inference
+
+
+def make_feature_fn(model, grid_layer: Optional[int] = None) -> Callable:
+  """``fn(variables, images) -> (embeddings (B, D), grids (B, h, w, D) or
+  None)``, to be jitted: the pooled pre-logits features, and with
+  ``grid_layer`` that block's patch tokens through the final LayerNorm."""
+
+  def pooled(mdl, encoded):
+    if mdl.classifier == "unpooled":  # no pooling of its own: patch mean
+      return encoded[:, mdl.num_prefix_tokens:].mean(axis=1)
+    return mdl.forward_head(encoded, pre_logits=True)
+
+  def features(mdl, images):
+    if grid_layer is None:
+      return pooled(mdl, mdl.forward_features(images)), None
+    encoded, (grid,) = mdl.forward_intermediates(
+        images, indices=[grid_layer], norm=True)
+    return pooled(mdl, encoded), grid
+
+  def fn(variables, images):
+    return model.apply(variables, images, method=features)  # train=False
+
+  return fn
+
+
+def _eta(seconds: float) -> str:
+  seconds = int(round(max(seconds, 0)))
+  return f"{seconds // 60}m{seconds % 60:02d}s"
+
+
+def extract(checkpoint: Union[str, inference.Loaded], *,
+            dataset: Optional[str] = None, split: Optional[str] = None,
+            data_dir: Optional[str] = None, batch_size: int = 256,
+            download: bool = True, model_name: Optional[str] = None,
+            image_size: Optional[int] = None,
+            patch_size: Optional[int] = None, patch_grids: bool = False,
+            layer: int = -1, log_every: int = 20,
+            log: Callable[[str], None] = print) -> Dict[str, np.ndarray]:
+  """Embeds every example of ``dataset[split]``; returns the arrays of the
+  ``.npz`` (see the module docstring). For a training checkpoint,
+  ``dataset`` / ``split`` / ``data_dir`` default to its run's (its eval
+  split). ``batch_size`` is global (rounded up to a multiple of the device
+  count); ``log`` gets a progress line every ``log_every`` batches."""
+  import jax  # pylint: disable=import-outside-toplevel
+  from jax.experimental import multihost_utils  # pylint: disable=import-outside-toplevel
+  from jax.sharding import NamedSharding, PartitionSpec  # pylint: disable=import-outside-toplevel
+
+  from vit_jax import evaluate, input_pipeline, train_lib, visualize  # pylint: disable=import-outside-toplevel
+
+  if isinstance(checkpoint, inference.Loaded):
+    loaded = checkpoint
+  else:
+    overrides = {"patch_size": patch_size} if patch_size else {}
+    loaded = inference.load(checkpoint, model_name=model_name,
+                            image_size=image_size, **overrides)
+  if batch_size < 1:
+    raise ValueError(f"batch_size={batch_size}: expected >= 1")
+  config, src = evaluate.eval_source(loaded, dataset, split, data_dir,
+                                     download)
+  dataset, split = config.dataset, config.eval_split
+  model = loaded.model
+  grid_layer = (visualize.resolve_layer(layer, model.num_layers)
+                if patch_grids else None)
+
+  # Mesh and input: every device, every process its own slice.
+  mesh = train_lib.make_mesh()
+  n_dev, n_proc = jax.device_count(), jax.process_count()
+  global_batch = -(-int(batch_size) // n_dev) * n_dev
+  pre = loaded.preprocessing
+  ds, num_batches = input_pipeline.eval_dataset(
+      config, src, local_batch=global_batch // n_proc,
+      process_index=jax.process_index(), process_count=n_proc,
+      mean=tuple(pre.mean), std=tuple(pre.std))
+  data_sh = train_lib.batch_sharding(mesh)
+  variables = jax.device_put(loaded.variables,
+                             NamedSharding(mesh, PartitionSpec()))
+  fn = jax.jit(make_feature_fn(model, grid_layer))
+
+  out = {"embeddings": [], "labels": [], "patch_grids": []}
+  start = time.time()
+  seen = 0
+  for step, batch in enumerate(input_pipeline.as_numpy(ds), 1):
+    # Host values of all processes, in the global batch's row order.
+    keep = multihost_utils.process_allgather(batch["mask"], tiled=True) > 0
+    labels = multihost_utils.process_allgather(batch["label"], tiled=True)
+    emb, grid = fn(variables, train_lib.global_batch(batch["image"], data_sh))
+    out["embeddings"].append(np.asarray(
+        multihost_utils.process_allgather(emb, tiled=True), np.float32)[keep])
+    out["labels"].append(np.asarray(labels, np.int32)[keep])
+    if grid is not None:
+      out["patch_grids"].append(np.asarray(
+          multihost_utils.process_allgather(grid, tiled=True),
+          np.float32)[keep])
+    seen += int(keep.sum())
+    if log and (step % max(1, log_every) == 0 or step == num_batches):
+      took = time.time() - start
+      rate = seen / max(took, 1e-9)
+      log(f"features: step {step}/{num_batches}, {seen}/{src.num_eval} "
+          f"images, {rate:.1f} img/s, ETA "
+          f"{_eta((src.num_eval - seen) / max(rate, 1e-9))}")
+  if seen != src.num_eval:
+    raise RuntimeError(f"Embedded {seen} examples, but {dataset}[{split}] "
+                       f"has {src.num_eval}.")
+  result = {
+      "embeddings": np.concatenate(out["embeddings"]),
+      "labels": np.concatenate(out["labels"]),
+      "dataset": np.array(str(dataset)), "split": np.array(str(split)),
+      "checkpoint": np.array(str(checkpoint) if isinstance(checkpoint, str)
+                             else ""),
+      "description": np.array(str(loaded.description)),
+      "image_size": np.array(int(pre.crop_size)),
+      "seconds": np.array(time.time() - start),
+  }
+  names = src.label_names or loaded.label_names
+  if names:
+    result["label_names"] = np.array([str(n) for n in names])
+  if out["patch_grids"]:
+    result["patch_grids"] = np.concatenate(out["patch_grids"])
+    result["layer"] = np.array(int(grid_layer))
+  return result
+
+
+def save(path: str, arrays: Dict[str, np.ndarray]) -> str:
+  """Writes ``arrays`` as an ``.npz`` (no pickled objects: ``np.load(path,
+  allow_pickle=False)`` reads it)."""
+  parent = os.path.dirname(os.path.abspath(path))
+  os.makedirs(parent, exist_ok=True)
+  np.savez(path, **arrays)
+  return path if path.endswith(".npz") else path + ".npz"
+
+
+def _parser() -> argparse.ArgumentParser:
+  ap = argparse.ArgumentParser(
+      prog="python -m vit_jax.features",
+      description="Embeddings (and optionally patch grids) of every example "
+                  "of a dataset split, batched over all devices, to .npz.")
+  ap.add_argument("--checkpoint", required=True, help=inference.SUPPORTED)
+  ap.add_argument("--model", default=None,
+                  help="variant when the weights cannot tell (vit_b_16, ...)")
+  ap.add_argument("--dataset", default=None,
+                  help="tfds name or folder:/path (default: the run's)")
+  ap.add_argument("--split", default=None,
+                  help="split (default: the run's eval split), e.g. train, "
+                       "test, 'train[:10%%]'")
+  ap.add_argument("--data_dir", default=None)
+  ap.add_argument("--out", required=True, help="output .npz file")
+  ap.add_argument("--batch_size", type=int, default=256,
+                  help="global batch (split over all devices)")
+  ap.add_argument("--image_size", type=int, default=None)
+  ap.add_argument("--patch_size", type=int, default=None,
+                  help="run at this patch size (FlexiViT resampling)")
+  ap.add_argument("--patch_grids", action="store_true",
+                  help="also store one block's (N, h, w, D) patch tokens")
+  ap.add_argument("--layer", type=int, default=-1,
+                  help="block of --patch_grids (0-based; -1 = last)")
+  ap.add_argument("--log_every", type=int, default=20,
+                  help="progress line every this many batches")
+  ap.add_argument("--no_download", action="store_true",
+                  help="fail instead of downloading a missing dataset")
+  return ap
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+  os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+  args = _parser().parse_args(argv)
+
+  def log(line):
+    print(line, file=sys.stderr, flush=True)
+
+  try:
+    arrays = extract(
+        args.checkpoint, dataset=args.dataset, split=args.split,
+        data_dir=args.data_dir, batch_size=args.batch_size,
+        download=not args.no_download, model_name=args.model,
+        image_size=args.image_size, patch_size=args.patch_size,
+        patch_grids=args.patch_grids, layer=args.layer,
+        log_every=args.log_every, log=log)
+  except (inference.CheckpointError, FileNotFoundError, ValueError) as e:
+    print(f"error: {e}", file=sys.stderr)
+    return 1
+  import jax  # pylint: disable=import-outside-toplevel
+  if jax.process_index() == 0:
+    path = save(args.out, arrays)
+    e = arrays["embeddings"]
+    print(f"{path}: {e.shape[0]} embeddings of width {e.shape[1]} from "
+          f"{arrays['dataset']}[{arrays['split']}]"
+          + (f", patch grids {arrays['patch_grids'].shape[1:3]}"
+             if "patch_grids" in arrays else "")
+          + f" in {float(arrays['seconds']):.1f}s")
+  return 0
+
+
+if __name__ == "__main__":
+  sys.exit(main())

@@ -1,0 +1,104 @@
+"""PyTorch's bicubic resizing as (n_out, n_in) numpy matrices.
+
+Resizing a grid along one axis is a linear map; PyTorch's separable bicubic
+``F.interpolate`` is one matrix per axis, and a 2-D resize is two small
+matmuls. Two of PyTorch's variants matter here, and they use different cubic
+kernels:
+
+* :func:`bicubic_matrix`: ``mode='bicubic', align_corners=True`` without
+  antialiasing (Keys' kernel with A = -0.75, border taps clamped):
+  torchvision's ``interpolate_embeddings``.
+* :func:`aa_bicubic_matrix`: ``mode='bicubic', antialias=True,
+  align_corners=False`` (A = -0.5 as PIL, half-pixel centres, the kernel
+  widened by the scale when shrinking, taps outside the grid dropped and the
+  rest renormalised): timm's ``resample_abs_pos_embed`` (its
+  ``dynamic_img_size`` forward pass) and ``resample_patch_embed``.
+
+Note ``jax.image.resize`` ('cubic') is neither (A = -0.5, no renormalisation
+at the border, no widening when upsampling). The matrices are numpy, so they
+are built once per shape at trace time and enter a jitted computation as
+constants.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import numpy as np
+
+
+def _keys_cubic(x: np.ndarray, a: float) -> np.ndarray:
+  """Keys' cubic convolution kernel at distances ``x``."""
+  x = np.abs(x)
+  near = ((a + 2) * x - (a + 3)) * x * x + 1
+  far = ((a * x - 5 * a) * x + 8 * a) * x - 4 * a
+  return np.where(x < 1, near, np.where(x < 2, far, 0.0))
+
+
+def _cubic_weights(t: np.ndarray, a: float = -0.75) -> np.ndarray:
+  """The 4 taps' weights around fractional positions ``t`` in [0, 1), in
+  ``t``'s dtype (PyTorch computes them in the input's dtype)."""
+  def near(x):  # |x| <= 1
+    return ((a + 2) * x - (a + 3)) * x * x + 1
+
+  def far(x):  # 1 < |x| < 2
+    return ((a * x - 5 * a) * x + 8 * a) * x - 4 * a
+
+  return np.stack([far(t + 1), near(t), near(1 - t), far(2 - t)], axis=-1)
+
+
+@functools.lru_cache(maxsize=256)
+def bicubic_matrix(n_in: int, n_out: int, dtype=np.float32) -> np.ndarray:
+  """(n_out, n_in) float64 matrix of PyTorch's bicubic resize with
+  ``align_corners=True`` and no antialiasing (A = -0.75).
+
+  Source coordinates and tap weights are computed in ``dtype``, as PyTorch
+  does for inputs of that dtype; the matrix entries are summed in float64.
+  """
+  f = np.float64 if np.dtype(dtype) == np.float64 else np.float32
+  scale = f(n_in - 1) / f(n_out - 1) if n_out > 1 else f(0)
+  src = np.arange(n_out, dtype=f) * scale
+  base = np.floor(src).astype(np.int64)
+  weights = _cubic_weights(src - base.astype(f)).astype(np.float64)
+  mat = np.zeros((n_out, n_in), np.float64)
+  for tap in range(4):
+    # Out-of-range taps read the border pixel, as PyTorch clamps indices.
+    idx = np.clip(base - 1 + tap, 0, n_in - 1)
+    np.add.at(mat, (np.arange(n_out), idx), weights[:, tap])
+  mat.setflags(write=False)
+  return mat
+
+
+@functools.lru_cache(maxsize=256)
+def aa_bicubic_matrix(n_in: int, n_out: int) -> np.ndarray:
+  """(n_out, n_in) float64 matrix of PyTorch's ``F.interpolate(...,
+  mode='bicubic', antialias=True, align_corners=False)`` along one axis.
+
+  PyTorch's separable antialiased kernel (``_compute_weights_aa``): output
+  ``i`` is centred at ``scale * (i + 0.5)`` in the input (scale = n_in /
+  n_out); the support is 2 input pixels, times ``scale`` when shrinking
+  (then the kernel is stretched by it: a low-pass filter); the taps are the
+  input pixels ``floor(center -+ support + 0.5)`` inside the grid, weighted by
+  the A = -0.5 cubic and normalised to sum to one.
+  """
+  scale = n_in / n_out
+  support = 2.0 * scale if scale >= 1.0 else 2.0
+  invscale = 1.0 / scale if scale >= 1.0 else 1.0
+  mat = np.zeros((n_out, n_in), np.float64)
+  for i in range(n_out):
+    center = scale * (i + 0.5)
+    # PyTorch truncates (int64 cast) and clamps to the grid.
+    lo = max(int(center - support + 0.5), 0)
+    hi = min(int(center + support + 0.5), n_in)
+    j = np.arange(lo, hi)
+    w = _keys_cubic((j - center + 0.5) * invscale, -0.5)
+    total = w.sum()
+    mat[i, lo:hi] = w / total if total != 0 else w
+  mat.setflags(write=False)
+  return mat
+
+
+def resize_2d(grid: np.ndarray, mat_h: np.ndarray, mat_w: np.ndarray):
+  """(..., H, W, D) -> (..., H', W', D) with per-axis matrices (numpy)."""
+  out = np.einsum("Hh,...hwd->...Hwd", mat_h, grid)
+  return np.einsum("Ww,...hwd->...hWd", mat_w, out)
