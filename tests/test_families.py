@@ -196,3 +196,21 @@ def test_every_family_name_decodes_like_timm():
     if diff:
       bad.append((name, diff))
   assert not bad, bad
+
+
+@pytest.mark.parametrize("name", ["vit_base_patch16_224.augreg_in21k",
+                                  "deit3_small_patch16_224",
+                                  "vit_small_patch14_reg4_dinov2"])
+def test_image_size_resamples_as_timm_does(name):
+  """Loaded at another resolution, the position embedding is what timm's
+  own loader (checkpoint_filter_fn: antialiased bicubic) makes of it."""
+  from timm.models.vision_transformer import checkpoint_filter_fn  # pylint: disable=import-outside-toplevel
+  p = _patch(name)
+  m = timm_model(name)  # a 4x4 grid
+  big = timm.create_model(name.split(".")[0], pretrained=False, depth=DEPTH,
+                          img_size=6 * p, num_classes=7).eval()
+  big.load_state_dict(checkpoint_filter_fn(m.state_dict(), big))
+  model, variables = formats.from_timm(m.state_dict(), name, image_size=6 * p)
+  x = images(2, 6 * p, seed=5)
+  with torch.no_grad():
+    assert_close_rel(apply(model, variables, x), big(torch_in(x)).numpy())

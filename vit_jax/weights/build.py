@@ -115,10 +115,11 @@ def _finish(variables, arch: Dict[str, Any], image_size, overrides,
   patch = new_patch_size(arch, overrides)
   if patch is not None:  # FlexiViT: the same weights at another patch size
     model, variables = resize_patch(model, variables, patch, image_size)
-  elif image_size is not None:
+  elif image_size is not None:  # as the weights' own library would
     variables = posemb.resize_posemb(
         variables, image_size, model.patch_size,
-        num_prefix_tokens=0 if model.no_embed_class else model.num_prefix_tokens)
+        num_prefix_tokens=0 if model.no_embed_class else model.num_prefix_tokens,
+        method=their[0].resample if their else "torchvision")
   if model.scan_layers:
     variables = trees.stack_layers(variables)
   return model, variables

@@ -102,7 +102,7 @@ TIMM = Layout("timm", rows=(
     *dense("attn_pool.mlp.fc1.", MAP + "MlpBlock_0/Dense_0"),
     *dense("attn_pool.mlp.fc2.", MAP + "MlpBlock_0/Dense_1"),
     *dense("head.", "params/head"),
-), aliases=((r"^module\.", ""),), unsupported=(
+), aliases=((r"^module\.", ""),), resample="timm", unsupported=(
     ("dist_token", "DeiT's distillation token (VisionTransformerDistilled)"),
     ("head_dist.", "DeiT's distillation head"),
     (".q_norm.", "q/k normalisation (qk_norm)"),

@@ -145,6 +145,9 @@ class Layout:
   unsupported: Tuple[Tuple[str, str], ...] = ()
   fixed: Tuple[Tuple[str, Any], ...] = ()
   ignored: str = ""  # regex of keys that are not the image tower's
+  # How the library resamples a position embedding loaded at another size
+  # (vit_jax.weights.posemb.resample_posemb's ``method``).
+  resample: str = "torchvision"
 
   def flat_rows(self) -> List[Row]:
     out = []
