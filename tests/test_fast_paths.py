@@ -149,3 +149,27 @@ def test_long_sequences_take_the_chunked_path_with_the_same_result():
   g = jax.grad(lambda *a: jnp.sum(_core(*a) * w), argnums=(0, 1, 2))(q, k, v)
   for a, b in zip(g, g_ref):
     np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("backend, dtype, head_dim, kw, want", [
+    ("cpu", jnp.float32, 64, {}, "matmul"),
+    ("cpu", jnp.bfloat16, 64, {}, "matmul"),
+    ("gpu", jnp.bfloat16, 64, {}, "cudnn"),
+    ("gpu", jnp.float16, 128, {}, "cudnn"),
+    ("gpu", jnp.float32, 64, {}, "xla"),  # cuDNN's fused kernels: half only
+    ("gpu", jnp.bfloat16, 72, {}, "xla"),  # head_dim not a multiple of 8...
+    ("gpu", jnp.bfloat16, 256, {}, "xla"),  # ...or above 128
+    ("tpu", jnp.bfloat16, 64, {}, "xla"),
+    ("gpu", jnp.bfloat16, 64, dict(dropout=True), "weights"),
+    ("gpu", jnp.bfloat16, 64, dict(sow_weights=True), "weights"),
+    ("cpu", jnp.float32, 64, dict(requested="xla"), "xla"),
+    ("gpu", jnp.bfloat16, 64, dict(requested="matmul"), "matmul"),
+])
+def test_attention_choice_per_backend(backend, dtype, head_dim, kw, want):
+  """What each backend would run, asked on a CPU machine."""
+  assert kernels.choose_attention(backend, dtype, head_dim, **kw) == want
+
+
+def test_unknown_attention_impl_is_named():
+  with pytest.raises(ValueError, match="attention_impl='flash'"):
+    kernels.choose_attention("gpu", jnp.bfloat16, 64, requested="flash")
