@@ -34,8 +34,8 @@ Formats and the runtime that reads each:
   refine dynamic shapes inside ``stablehlo.composite`` ops (JAX wraps
   ``lax.erf``, our GELU, in one); so the module is rewritten for it: every
   composite becomes a call to its own decomposition (the ops XLA runs for it,
-  so the numbers are the same), inlined, and serialized for TensorFlow's
-  StableHLO version (:func:`for_tensorflow`).
+  so the numbers are the same), serialized for TensorFlow's StableHLO
+  version (:func:`for_tensorflow`).
 * ``onnx``: one ``.onnx`` file for onnxruntime, made from the exact torch
   twin of the model (``vit_jax.convert.to_torchvision_model``, or timm's
   model for layouts torchvision cannot hold) by ``torch.onnx.export``; see
@@ -432,10 +432,10 @@ def load_stablehlo(path: str) -> Callable:
 # --------------------------------------------------------------------------- #
 
 
-def _inline_composites(module):
-  """Replaces every ``stablehlo.composite`` op by a call to its
-  decomposition, then inlines (the computation is unchanged)."""
-  from jax.extend.mlir import ir, passmanager  # pylint: disable=import-outside-toplevel
+def _composites_to_calls(module) -> int:
+  """Replaces every ``stablehlo.composite`` op by a ``func.call`` of its
+  decomposition (the computation is unchanged); returns how many."""
+  from jax.extend.mlir import ir  # pylint: disable=import-outside-toplevel
   from jax.extend.mlir.dialects import func  # pylint: disable=import-outside-toplevel
 
   composites = []
@@ -453,8 +453,6 @@ def _inline_composites(module):
     for old, new in zip(op.results, call.results):
       old.replace_all_uses_with(new)
     op.erase()
-  passmanager.PassManager.parse(
-      "builtin.module(inline,symbol-dce)").run(module.operation)
   return len(composites)
 
 
@@ -465,7 +463,8 @@ def tensorflow_stablehlo_version() -> str:
 
 def for_tensorflow(exp, target: Optional[str] = None):
   """``exp`` with its module rewritten for TensorFlow's ``XlaCallModule``:
-  composites inlined (TF 2.21 refines no dynamic shapes inside them) and
+  composites turned into calls of their decompositions (TF 2.21's StableHLO
+  refines no dynamic shapes inside a composite, but does through calls) and
   serialized for ``target`` (default: the installed TensorFlow's StableHLO
   version, if older than JAX's own target)."""
   from jax.extend.mlir import ir  # pylint: disable=import-outside-toplevel
@@ -479,7 +478,7 @@ def for_tensorflow(exp, target: Optional[str] = None):
   with ctx, ir.Location.unknown(ctx):
     module = stablehlo.deserialize_portable_artifact(
         ctx, exp.mlir_module_serialized)
-    _inline_composites(module)
+    _composites_to_calls(module)
     data = stablehlo.serialize_portable_artifact(module, target)
   return dataclasses.replace(exp, mlir_module_serialized=data)
 
