@@ -37,6 +37,9 @@ REFERENCE = "jax.jit"
 RUNTIMES = {"stablehlo": "stablehlo (jax.export)",
             "savedmodel": "savedmodel (TF)",
             "onnxruntime": "onnxruntime"}
+# Not in the default set: the ONNX graph made by jax2onnx instead of
+# torch.onnx.export (needs jax2onnx importable; see bench/README.md).
+EXTRA_RUNTIMES = {"onnxruntime-jax2onnx": "onnxruntime (jax2onnx)"}
 
 
 def cpu_name() -> str:
@@ -53,7 +56,12 @@ def cpu_name() -> str:
 def contestants(runtimes, torch: bool = True):
   env = {"JAX_PLATFORMS": "cpu", "TF_CPP_MIN_LOG_LEVEL": "2"}
   out = [harness.Contestant(REFERENCE, "jax")]
-  out += [harness.Contestant(RUNTIMES[r], r, env=env) for r in runtimes]
+  for r in runtimes:
+    if r in EXTRA_RUNTIMES:
+      out.append(harness.Contestant(EXTRA_RUNTIMES[r], "onnxruntime", env=env,
+                                    options={"onnx_route": "jax2onnx"}))
+    else:
+      out.append(harness.Contestant(RUNTIMES[r], r, env=env))
   if torch:
     out.append(harness.Contestant("torch eager", "torch"))
   return out
@@ -69,7 +77,8 @@ def build_parser() -> argparse.ArgumentParser:
                  help="comma-separated batch sizes; the first is reported as "
                       "latency, the others as throughput")
   p.add_argument("--runtimes", default=",".join(RUNTIMES),
-                 help=f"subset of {','.join(RUNTIMES)}")
+                 help=f"subset of {','.join(RUNTIMES)}, or "
+                      f"{','.join(EXTRA_RUNTIMES)}")
   p.add_argument("--no-torch", action="store_true")
   p.add_argument("--rounds", type=int, default=5)
   p.add_argument("--round-seconds", type=float, default=4.0)
@@ -84,9 +93,10 @@ def build_parser() -> argparse.ArgumentParser:
 
 def run(args) -> dict:
   runtimes = [r for r in args.runtimes.split(",") if r]
-  unknown = sorted(set(runtimes) - set(RUNTIMES))
+  unknown = sorted(set(runtimes) - set(RUNTIMES) - set(EXTRA_RUNTIMES))
   if unknown:
-    raise SystemExit(f"unknown runtimes {unknown}; known: {list(RUNTIMES)}")
+    raise SystemExit(f"unknown runtimes {unknown}; known: "
+                     f"{list(RUNTIMES) + list(EXTRA_RUNTIMES)}")
   results = {}
   for batch in (int(b) for b in args.batches.split(",")):
     workload = harness.Workload(name=args.model, mode="infer",

@@ -44,6 +44,20 @@ def _runner(fmt: str, path: str, images: np.ndarray):
       "intra_op_threads": sess.get_session_options().intra_op_num_threads}
 
 
+def _export_jax2onnx(model, variables, path):
+  """The same serving function through jax2onnx (for the comparison of ONNX
+  routes only: jax2onnx's pins conflict with ours, see bench/README.md)."""
+  from jax2onnx import to_onnx  # pylint: disable=import-outside-toplevel
+  from vit_jax import export  # pylint: disable=import-outside-toplevel
+
+  s = export.servable((model, variables))
+  fn, params = export.serving_function(s)
+  size = s.image_size
+  to_onnx(lambda x: fn(params, x), [("B", size, size, 3)],
+          input_names=["images"], output_names=["logits"],
+          return_mode="file", output_path=path)
+
+
 def runtime_main(framework: str, spec, serve, inputs):
   t0 = time.perf_counter()
   if framework == "onnxruntime":  # the exporter needs torchvision
@@ -58,7 +72,10 @@ def runtime_main(framework: str, spec, serve, inputs):
   tmp = tempfile.mkdtemp(prefix=f"vit_bench_{fmt}_")
   path = os.path.join(tmp, "artifact" + SUFFIX[fmt])
   t = time.perf_counter()
-  export.export((model, variables), fmt, path)
+  if spec.get("onnx_route") == "jax2onnx":
+    _export_jax2onnx(model, variables, path)
+  else:
+    export.export((model, variables), fmt, path)
   export_s = time.perf_counter() - t
   images, _ = inputs(spec)
   step, info = _runner(fmt, path, images)
