@@ -2,11 +2,11 @@
 
 Started by :mod:`bench.worker` for the frameworks ``stablehlo``,
 ``savedmodel`` and ``onnxruntime``, which hands over its ``_serve`` (the
-protocol) and ``_inputs`` (the same images as every contestant). Setup (untimed):
-read the torch worker's weights, build the model
+protocol) and ``_inputs`` (the same images as every contestant). Setup,
+untimed: read the torch worker's weights, build the model
 (``convert.from_torchvision``), export it with :func:`vit_jax.export.export`
-(dynamic batch) into a temporary directory and load the artifact with its
-own runtime. A timed step is one call of the artifact on the batch, with the
+(dynamic batch) into a temporary directory, load the artifact with its own
+runtime. A timed step is one call of the artifact on the batch, with the
 input already in the runtime's own array type and the result waited for.
 """
 

@@ -16,7 +16,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from vit_jax import convert, export, inference, models
+from vit_jax import (convert, export, export_preprocessing, export_tf,
+                     inference, models)
 
 # One entry per model family: get_model() overrides on top of _SMALL. A new
 # family (registers, MAP head, ...) is one more line here.
@@ -53,7 +54,7 @@ def _reference(family, with_pre):
 
   @jax.jit
   def fn(images):
-    x = export.preprocess(images, PRE) if with_pre else images
+    x = export_preprocessing.preprocess(images, PRE) if with_pre else images
     return model.apply(variables, x, train=False)
 
   return fn
@@ -161,8 +162,8 @@ def test_savedmodel_wrong_inputs(artifact):
   import tensorflow as tf  # pylint: disable=import-outside-toplevel
   serve = tf.saved_model.load(artifact("savedmodel", "classic")).signatures[
       "serving_default"]
-  with pytest.raises(tf.errors.InvalidArgumentError,
-                     match=r"not compatible with expected shape \[\?,32,32,3\]"):
+  with pytest.raises(tf.errors.InvalidArgumentError, match=(
+      r"not compatible with expected shape \[\?,32,32,3\]")):
     serve(images=tf.constant(_NCHW))
   with pytest.raises(tf.errors.InvalidArgumentError,
                      match="expected to be a float tensor but is a double"):
@@ -247,7 +248,7 @@ def test_savedmodel_module_has_no_composites_for_tensorflow():
   ctx = ir.Context()
   assert "stablehlo.composite" in str(stablehlo.deserialize_portable_artifact(
       ctx, exp.mlir_module_serialized))  # JAX wraps erf (GELU) in one
-  tf_exp = export.for_tensorflow(exp)
+  tf_exp = export_tf.for_tensorflow(exp)
   text = str(stablehlo.deserialize_portable_artifact(
       ctx, tf_exp.mlir_module_serialized))
   assert "stablehlo.composite" not in text
@@ -278,7 +279,7 @@ def test_crop_geometry_is_torchvisions():
       new = (256, int(256 * h / w)) if w <= h else (int(256 * w / h), 256)
       want = (new[1], new[0], int(round((new[1] - 224) / 2.0)),
               int(round((new[0] - 224) / 2.0)))
-      assert tuple(int(v) for v in export.crop_geometry(h, w, pre)) == want
+      assert tuple(int(v) for v in export_preprocessing.crop_geometry(h, w, pre)) == want
 
 
 _METHOD = {"bilinear": "linear", "bicubic": "cubic", "lanczos": "lanczos3"}
@@ -289,11 +290,11 @@ _SIZES = [(375, 500), (500, 375), (224, 224), (1000, 667), (180, 260)]
 def test_preprocess_is_jax_image_resample(interp):
   pre = convert.Preprocessing(crop_size=224, resize_size=256,
                               interpolation=interp)
-  f = jax.jit(export.preprocess, static_argnums=1)
+  f = jax.jit(export_preprocessing.preprocess, static_argnums=1)
   for i, (h, w) in enumerate(_SIZES):
     img = _photo(h, w, i)
     got = np.asarray(f(img[None], pre))[0] * np.asarray(pre.std) * 255
-    nh, nw, top, left = export.crop_geometry(h, w, pre)
+    nh, nw, top, left = export_preprocessing.crop_geometry(h, w, pre)
     with jax.enable_x64(True):
       want = jax.image.scale_and_translate(
           jnp.asarray(img, jnp.float64)[None], (1, 224, 224, 3), (1, 2),
@@ -309,7 +310,7 @@ def test_preprocess_against_pil(interp, record_property):
   clips between them); the exported preprocessing does one float pass."""
   pre = convert.Preprocessing(crop_size=224, resize_size=256,
                               interpolation=interp)
-  f = jax.jit(export.preprocess, static_argnums=1)
+  f = jax.jit(export_preprocessing.preprocess, static_argnums=1)
   means, maxes = [], []
   for i, (h, w) in enumerate(_SIZES + [(256, 300)]):
     img = _photo(h, w, i)
@@ -337,7 +338,7 @@ def test_torch_preprocessing_is_the_same_function(interp):
   for i, (h, w) in enumerate([(45, 38), (29, 61), (37, 37)]):
     img = _photo(h, w, i)[None]
     got = module(torch.from_numpy(img)).numpy()
-    want = np.asarray(jax.jit(export.preprocess, static_argnums=1)(img, pre))
+    want = np.asarray(jax.jit(export_preprocessing.preprocess, static_argnums=1)(img, pre))
     assert np.abs(got - want).max() < 1e-5
 
 

@@ -15,41 +15,26 @@ artifact maps images to logits (float32, ``(batch, num_classes)``):
   ``(batch, S, S, 3)``;
 * with ``--with-preprocessing`` it takes decoded uint8 RGB images
   ``(batch, height, width, 3)`` of any size (one size per call) and does the
-  weights' own resize / center crop / normalisation inside (:func:`preprocess`).
+  weights' own resize / center crop / normalisation inside
+  (:mod:`vit_jax.export_preprocessing`).
 
 The batch dimension is dynamic unless ``--batch`` fixes it. ``--dtype
 bfloat16`` computes in bfloat16 (parameters stored in bfloat16); inputs and
 logits keep the dtypes above.
 
-Formats and the runtime that reads each:
+Formats, each read by its own runtime:
 
-* ``stablehlo``: one file of ``jax.export`` bytes;
+* ``stablehlo`` (here): one file of ``jax.export`` bytes;
   ``jax.export.deserialize(open(path, 'rb').read()).call(images)`` in any
   JAX program (or :func:`load_stablehlo`, which checks the input first).
-* ``savedmodel``: a directory for ``tf.saved_model.load`` / TF Serving whose
-  ``serving_default`` signature takes ``images`` and returns ``logits``: the
-  same StableHLO module run by TensorFlow's ``XlaCallModule`` op (jax2tf's
-  native serialization), parameters stored as TF variables. TensorFlow 2.21
-  reads StableHLO 1.13.7, older than what JAX 0.10.2 writes, and cannot
-  refine dynamic shapes inside ``stablehlo.composite`` ops (JAX wraps
-  ``lax.erf``, our GELU, in one); so the module is rewritten for it: every
-  composite becomes a call to its own decomposition (the ops XLA runs for it,
-  so the numbers are the same), serialized for TensorFlow's StableHLO
-  version (:func:`for_tensorflow`).
-* ``onnx``: one ``.onnx`` file for onnxruntime, made from the exact torch
-  twin of the model (``vit_jax.convert.to_torchvision_model``, or timm's
-  model for layouts torchvision cannot hold) by ``torch.onnx.export``; see
-  :mod:`vit_jax.export_onnx`.
-
-What the exported preprocessing computes, against ``vit_jax.predict``'s PIL
-path: the same geometry (short side to ``max(resize_size, crop_size)``, the
-long side ``int()``-truncated, crop offsets rounded half to even, as
-torchvision) and the same antialiased filters (bilinear = triangle, bicubic =
-Keys a=-0.5, lanczos = Lanczos-3), as one float resampling straight into the
-crop (``jax.image.scale_and_translate``), clipped to [0, 255]. PIL resamples
-in two passes and rounds to uint8 after each; that rounding is not done here
-(it would make the artifact's output jump between runtimes on ties), so pixel
-values differ from PIL's by about 0.3/255 on average (README: Deploying).
+* ``savedmodel`` (:mod:`vit_jax.export_tf`): a directory for
+  ``tf.saved_model.load`` / TF Serving whose ``serving_default`` signature
+  takes ``images`` and returns ``logits``: the same module in TensorFlow's
+  ``XlaCallModule`` op (jax2tf's native serialization), rewritten for the
+  StableHLO version TensorFlow reads.
+* ``onnx`` (:mod:`vit_jax.export_onnx`): one ``.onnx`` file for
+  onnxruntime, made from the exact torch twin of the model by
+  ``torch.onnx.export``.
 """
 
 from __future__ import annotations
@@ -62,6 +47,8 @@ import sys
 from typing import Any, Callable, Optional, Sequence
 
 import numpy as np
+
+from vit_jax.export_preprocessing import preprocess, resize_method
 
 FORMATS = ("stablehlo", "savedmodel", "onnx")
 DTYPES = ("float32", "bfloat16")
@@ -84,7 +71,8 @@ class Servable:
   image_size: int
 
 
-def servable(checkpoint, *, preprocessing=None, model_name: Optional[str] = None,
+def servable(checkpoint, *, preprocessing=None,
+             model_name: Optional[str] = None,
              image_size: Optional[int] = None) -> Servable:
   """The model, variables and preprocessing to export.
 
@@ -145,142 +133,6 @@ def _image_size(model, variables) -> int:
 # --------------------------------------------------------------------------- #
 # The exported computation (JAX).
 # --------------------------------------------------------------------------- #
-
-
-def crop_geometry(height, width, pre, xp=np):
-  """torchvision's ``Resize(size) -> CenterCrop(crop)`` geometry in integer
-  arithmetic (``height``/``width``: ints or 0-d integer arrays, traced or
-  symbolic): the resized ``(new_h, new_w)`` (short side ``size``, long side
-  truncated as ``int()``) and the crop's ``(top, left)`` (``round((new -
-  crop) / 2)``, half to even, as Python's ``round``)."""
-  c = int(pre.crop_size)
-  size = max(int(pre.resize_size), c)
-  new_h = xp.maximum(size, size * height // width)
-  new_w = xp.maximum(size, size * width // height)
-
-  def offset(n):
-    d = n - c
-    k = d // 2
-    return k + (d % 2) * (k % 2)
-
-  return new_h, new_w, offset(new_h), offset(new_w)
-
-
-def resize_method(pre) -> str:
-  interp = str(pre.interpolation).lower()
-  if interp not in RESIZE_KERNELS:
-    raise ExportError(f"The exported preprocessing supports interpolation "
-                      f"{sorted(RESIZE_KERNELS)}, not {pre.interpolation!r}.")
-  return interp
-
-
-# Filters (PIL's BILINEAR, BICUBIC, LANCZOS; jax.image's linear, cubic,
-# lanczos3) of a distance x >= 0 in input pixels, written for any array
-# namespace ``xp`` (JAX here, torch in vit_jax.export_onnx).
-def _triangle(xp, x):
-  return xp.relu(1.0 - x)
-
-
-def _keys_cubic(xp, x):  # a = -0.5
-  out = ((1.5 * x - 2.5) * x) * x + 1.0
-  out = xp.where(x >= 1.0, ((-0.5 * x + 2.5) * x - 4.0) * x + 2.0, out)
-  return xp.where(x >= 2.0, 0.0 * x, out)
-
-
-def _lanczos3(xp, x):
-  r = 3.0
-  y = r * xp.sin(np.pi * x) * xp.sin(np.pi * x / r)
-  safe = xp.where(x > 1e-3, x, 1.0 + 0.0 * x)
-  out = xp.where(x > 1e-3, y / (np.pi ** 2 * safe * safe), 1.0 + 0.0 * x)
-  return xp.where(x > r, 0.0 * x, out)
-
-
-RESIZE_KERNELS = {"bilinear": _triangle, "bicubic": _keys_cubic,
-                  "lanczos": _lanczos3}
-
-
-def resample_weights(xp, n, n_arr, new, offset, out: int, kernel):
-  """``(n, out)`` weights taking ``n`` input pixels to the ``out`` pixels
-  starting at ``offset`` of the input resized to ``new`` pixels, with the
-  antialiased ``kernel`` (stretched by ``n / new`` when shrinking), each
-  column normalised to sum 1: ``jax.image.scale_and_translate``'s weights
-  (and PIL's), with the distances computed exactly in integers.
-
-  Output pixel i samples the input at ``s = (i + offset + 1/2) n / new -
-  1/2``; input pixel j's distance, in kernel units, is ``|s - j| / max(n /
-  new, 1) = |(2 (i + offset) + 1) n - (2 j + 1) new| / (2 max(n, new))``.
-  """
-  i = xp.arange(out)[None, :]
-  j = xp.arange(n)[:, None]
-  num = (2 * (i + offset) + 1) * n_arr - (2 * j + 1) * new
-  x = xp.to_f32(xp.abs(num)) / xp.to_f32(2 * xp.maximum(n_arr, new))
-  weights = kernel(xp, x)
-  return weights / xp.sum0(weights)
-
-
-def preprocess_with(xp, images, pre, mean, std):
-  """:func:`preprocess` in the array namespace ``xp`` (see ``_JaxOps``)."""
-  _, h, w, _ = images.shape
-  c = int(pre.crop_size)
-  kernel = RESIZE_KERNELS[resize_method(pre)]
-  hs, ws = xp.scalar(h), xp.scalar(w)
-  new_h, new_w, top, left = crop_geometry(hs, ws, pre, xp)
-  wh = resample_weights(xp, h, hs, new_h, top, c, kernel)
-  ww = resample_weights(xp, w, ws, new_w, left, c, kernel)
-  x = xp.einsum("bhwc,ho->bowc", xp.to_f32(images), wh)
-  x = xp.einsum("bowc,wp->bopc", x, ww)
-  x = xp.clip(x, 0.0, 255.0) / 255.0
-  return (x - mean) / std
-
-
-class _JaxOps:
-  """The few array operations :func:`preprocess_with` needs, in JAX."""
-
-  def __init__(self):
-    import jax  # pylint: disable=import-outside-toplevel
-    import jax.numpy as jnp  # pylint: disable=import-outside-toplevel
-    self.jnp, self.hi = jnp, jax.lax.Precision.HIGHEST
-    self.abs, self.maximum, self.where, self.sin = (
-        jnp.abs, jnp.maximum, jnp.where, jnp.sin)
-
-  def arange(self, n):
-    return self.jnp.arange(n, dtype=self.jnp.int32)
-
-  def scalar(self, n):
-    return self.jnp.asarray(n, self.jnp.int32)
-
-  def to_f32(self, x):
-    return x.astype(self.jnp.float32)
-
-  def relu(self, x):
-    return self.jnp.maximum(x, 0.0)
-
-  def sum0(self, x):
-    return self.jnp.sum(x, axis=0, keepdims=True)
-
-  def clip(self, x, lo, hi):
-    return self.jnp.clip(x, lo, hi)
-
-  def einsum(self, spec, a, b):
-    return self.jnp.einsum(spec, a, b, precision=self.hi)
-
-
-def preprocess(images, pre):
-  """uint8 ``(batch, H, W, 3)`` -> float32 ``(batch, S, S, 3)``, normalised.
-
-  Resize the short side and center crop (:func:`crop_geometry`) as one
-  antialiased resampling of the input straight into the crop, so that any
-  H, W give the crop's fixed shape (:func:`resample_weights`: two weight
-  matrices computed from H and W), clip to [0, 255], scale to [0, 1],
-  normalise with the weights' mean and std.
-  """
-  import jax.numpy as jnp  # pylint: disable=import-outside-toplevel
-
-  if images.dtype != jnp.uint8:
-    raise ExportError(f"Expected uint8 images, got {images.dtype}.")
-  return preprocess_with(_JaxOps(), images, pre,
-                         jnp.asarray(pre.mean, jnp.float32),
-                         jnp.asarray(pre.std, jnp.float32))
 
 
 def serving_function(s: Servable, *, dtype: str = "float32",
@@ -385,7 +237,8 @@ def exported(s: Servable, *, batch=None, dtype="float32",
   platforms = tuple(platforms)
   if params_as_arguments:
     params_spec = jax.tree_util.tree_map(
-        lambda x: jax.ShapeDtypeStruct(np.shape(x), np.asarray(x).dtype), params)
+        lambda x: jax.ShapeDtypeStruct(np.shape(x), np.asarray(x).dtype),
+        params)
     return jax.export.export(jax.jit(fn), platforms=platforms)(
         params_spec, spec), params
   return jax.export.export(jax.jit(functools.partial(fn, params)),
@@ -428,94 +281,6 @@ def load_stablehlo(path: str) -> Callable:
 
 
 # --------------------------------------------------------------------------- #
-# SavedModel (jax2tf native serialization, for TensorFlow's StableHLO).
-# --------------------------------------------------------------------------- #
-
-
-def _composites_to_calls(module) -> int:
-  """Replaces every ``stablehlo.composite`` op by a ``func.call`` of its
-  decomposition (the computation is unchanged); returns how many."""
-  from jax.extend.mlir import ir  # pylint: disable=import-outside-toplevel
-  from jax.extend.mlir.dialects import func  # pylint: disable=import-outside-toplevel
-
-  composites = []
-
-  def visit(op):
-    if op.name == "stablehlo.composite":
-      composites.append(op)
-    return ir.WalkResult.ADVANCE
-
-  module.operation.walk(visit)
-  for op in composites:
-    with ir.InsertionPoint(op), op.location:
-      call = func.CallOp(list(op.results.types),
-                         op.attributes["decomposition"], list(op.operands))
-    for old, new in zip(op.results, call.results):
-      old.replace_all_uses_with(new)
-    op.erase()
-  return len(composites)
-
-
-def tensorflow_stablehlo_version() -> str:
-  from tensorflow.compiler.mlir.stablehlo import stablehlo as tf_stablehlo  # pylint: disable=import-outside-toplevel
-  return tf_stablehlo.get_current_version()
-
-
-def for_tensorflow(exp, target: Optional[str] = None):
-  """``exp`` with its module rewritten for TensorFlow's ``XlaCallModule``:
-  composites turned into calls of their decompositions (TF 2.21's StableHLO
-  refines no dynamic shapes inside a composite, but does through calls) and
-  serialized for ``target`` (default: the installed TensorFlow's StableHLO
-  version, if older than JAX's own target)."""
-  from jax.extend.mlir import ir  # pylint: disable=import-outside-toplevel
-  from jax.extend.mlir.dialects import stablehlo  # pylint: disable=import-outside-toplevel
-
-  jax_target = stablehlo.get_version_from_compatibility_requirement(
-      stablehlo.StablehloCompatibilityRequirement.WEEK_4)
-  target = stablehlo.get_smaller_version(
-      target or tensorflow_stablehlo_version(), jax_target)
-  ctx = ir.Context()
-  with ctx, ir.Location.unknown(ctx):
-    module = stablehlo.deserialize_portable_artifact(
-        ctx, exp.mlir_module_serialized)
-    _composites_to_calls(module)
-    data = stablehlo.serialize_portable_artifact(module, target)
-  return dataclasses.replace(exp, mlir_module_serialized=data)
-
-
-def export_savedmodel(s: Servable, out: str, *, batch=None, dtype="float32",
-                      with_preprocessing=False, platforms=("cpu",)) -> str:
-  import jax  # pylint: disable=import-outside-toplevel
-  import tensorflow as tf  # pylint: disable=import-outside-toplevel
-  from jax.experimental.jax2tf import jax2tf  # pylint: disable=import-outside-toplevel
-
-  exp, params = exported(s, batch=batch, dtype=dtype,
-                         with_preprocessing=with_preprocessing,
-                         platforms=platforms, params_as_arguments=True)
-  exp = for_tensorflow(exp)
-  spec = input_spec(s, batch=batch, with_preprocessing=with_preprocessing)
-  module = tf.Module()
-  # Parameters as variables (SavedModel's variables/, no 2 GB graph limit),
-  # in the order of the exported function's flattened arguments.
-  module.params = [tf.Variable(np.asarray(x), trainable=False)
-                   for x in jax.tree_util.tree_leaves(params)]
-
-  @tf.function(autograph=False, input_signature=[
-      tf.TensorSpec(spec.shape, tf.as_dtype(spec.dtype), name="images")])
-  def serve(images):
-    # A clear error for another shape (TF Serving checks only the dtype).
-    images = tf.ensure_shape(images, spec.shape)
-    # jax2tf's native serialization of an Exported: one XlaCallModule op.
-    # pylint: disable-next=protected-access
-    logits, = jax2tf._run_exported_as_tf([*module.params, images], exp)
-    return {"logits": logits}
-
-  module.serve = serve
-  tf.saved_model.save(module, out, signatures={"serving_default": serve})
-  return out
-
-
-# --------------------------------------------------------------------------- #
 # Export, load, CLI.
 # --------------------------------------------------------------------------- #
 
@@ -554,7 +319,8 @@ def export(checkpoint, fmt: str, out: str, *, batch: Optional[int] = None,
   if fmt == "stablehlo":
     return export_stablehlo(s, out, platforms=platforms, **kwargs)
   if fmt == "savedmodel":
-    return export_savedmodel(s, out, platforms=platforms, **kwargs)
+    from vit_jax import export_tf  # pylint: disable=import-outside-toplevel
+    return export_tf.export_savedmodel(s, out, platforms=platforms, **kwargs)
   from vit_jax import export_onnx  # pylint: disable=import-outside-toplevel
   return export_onnx.export_onnx(s, out, **kwargs)
 
@@ -611,7 +377,7 @@ def _parser() -> argparse.ArgumentParser:
                        "resampled)")
   ap.add_argument("--verify", action="store_true",
                   help="run the artifact in its runtime on random inputs "
-                       "(batch 1 and 2) and print its error against JAX")
+                       "(batch 1 and 7) and print its error against JAX")
   return ap
 
 
@@ -628,7 +394,7 @@ def verify(s: Servable, fmt: str, path: str, *, with_preprocessing=False,
   run = load(fmt, path)
   rs = np.random.RandomState(seed)
   worst = 0.0
-  for b in ([batch] if batch else [1, 2]):
+  for b in ([batch] if batch else [1, 7]):
     if with_preprocessing:
       images = rs.randint(0, 256, (b, s.image_size + 31, s.image_size + 7, 3),
                           dtype=np.uint8)
@@ -673,8 +439,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
           f"{tuple(round(m, 4) for m in p.mean)}, std "
           f"{tuple(round(v, 4) for v in p.std)}")
   if args.verify:
-    err = verify(s, args.format, out, with_preprocessing=args.with_preprocessing,
-                 dtype=args.dtype, batch=args.batch)
+    err = verify(s, args.format, out,
+                 with_preprocessing=args.with_preprocessing, dtype=args.dtype,
+                 batch=args.batch)
     print(f"  verify: max relative error against JAX {err:.2e}")
   return 0
 

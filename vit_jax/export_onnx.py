@@ -11,9 +11,10 @@ height and width) dimensions. This route was measured against jax2onnx
 (README: Deploying): the same parity, a graph onnxruntime runs faster, and no
 conflicting pins (jax2onnx requires orbax-checkpoint < 0.11.37).
 
-The preprocessing is the same code as :func:`vit_jax.export.preprocess`
-(:func:`vit_jax.export.preprocess_with`) run with torch ops: the resampling
-weights are computed in the graph from the input's height and width.
+The preprocessing is the same code as the JAX artifacts'
+(:func:`vit_jax.export_preprocessing.preprocess_with`) run with torch ops:
+the resampling weights are computed in the graph from the input's height and
+width.
 """
 
 from __future__ import annotations
@@ -21,19 +22,20 @@ from __future__ import annotations
 import sys
 
 from vit_jax import export as export_lib
+from vit_jax import export_preprocessing
 
 _OPSET = 18
 _ONE_FILE_MAX_BYTES = 1_800_000_000  # protobuf's limit is 2 GiB
 
 
 # --------------------------------------------------------------------------- #
-# Preprocessing in torch: vit_jax.export.preprocess_with, torch ops.
+# Preprocessing in torch: export_preprocessing.preprocess_with, torch ops.
 # --------------------------------------------------------------------------- #
 
 
 class _TorchOps:
-  """The array operations :func:`vit_jax.export.preprocess_with` needs, in
-  torch (sizes may be symbolic under ``torch.export``)."""
+  """The array operations ``export_preprocessing.preprocess_with`` needs,
+  in torch (sizes may be symbolic under ``torch.export``)."""
 
   def __init__(self):
     import torch  # pylint: disable=import-outside-toplevel
@@ -41,7 +43,8 @@ class _TorchOps:
     self.abs, self.where, self.sin = torch.abs, torch.where, torch.sin
 
   def maximum(self, a, b):
-    as_tensor = lambda v: v if isinstance(v, self.torch.Tensor) else self.scalar(v)  # noqa: E731
+    def as_tensor(v):
+      return v if isinstance(v, self.torch.Tensor) else self.scalar(v)
     return self.torch.maximum(as_tensor(a), as_tensor(b))
 
   def arange(self, n):
@@ -68,10 +71,10 @@ class _TorchOps:
 
 def _torch_preprocessing(pre):
   """A torch module: uint8 (B, H, W, 3) -> float32 (B, S, S, 3), the
-  function of :func:`vit_jax.export.preprocess`."""
+  function of :func:`vit_jax.export_preprocessing.preprocess`."""
   import torch  # pylint: disable=import-outside-toplevel
 
-  export_lib.resize_method(pre)  # a clear error for other interpolations
+  export_preprocessing.resize_method(pre)  # a clear error for others
 
   class Preprocess(torch.nn.Module):
 
@@ -81,8 +84,8 @@ def _torch_preprocessing(pre):
       self.register_buffer("std", torch.tensor(pre.std, dtype=torch.float32))
 
     def forward(self, images):
-      return export_lib.preprocess_with(_TorchOps(), images, pre, self.mean,
-                                        self.std)
+      return export_preprocessing.preprocess_with(
+          _TorchOps(), images, pre, self.mean, self.std)
 
   return Preprocess()
 
@@ -92,9 +95,9 @@ def _torch_preprocessing(pre):
 # --------------------------------------------------------------------------- #
 
 
-def torch_model(model, variables):
-  """The torchvision or timm ``VisionTransformer`` computing ``model`` with
-  ``variables`` (NCHW in, logits out), loaded with ``strict=True``."""
+def torch_model(s):
+  """The torchvision or timm ``VisionTransformer`` computing the servable
+  ``s`` (NCHW in, logits out), loaded with ``strict=True``."""
   from vit_jax import convert, models  # pylint: disable=import-outside-toplevel
 
   if "tensorflow" in sys.modules and "torchvision" not in sys.modules:
@@ -102,6 +105,7 @@ def torch_model(model, variables):
         "TensorFlow was imported before torchvision; importing torchvision "
         "now crashes the process on this stack (triton). Import torch and "
         "torchvision first (as python -m vit_jax.export does).")
+  model, variables = s.model, s.variables
   variant = models.Variant(model.hidden_size, model.num_layers,
                            model.num_heads, model.mlp_dim, model.patch_size)
   if model.classifier == "token":
@@ -114,9 +118,8 @@ def torch_model(model, variables):
     from vit_jax import formats  # pylint: disable=import-outside-toplevel
 
     del timm
-    size = export_lib._image_size(model, variables)  # pylint: disable=protected-access
     net = VisionTransformer(
-        img_size=size, patch_size=model.patch_size,
+        img_size=s.image_size, patch_size=model.patch_size,
         embed_dim=model.hidden_size, depth=model.num_layers,
         num_heads=model.num_heads, mlp_ratio=model.mlp_dim / model.hidden_size,
         num_classes=model.num_classes, class_token=False, global_pool="avg",
@@ -134,7 +137,7 @@ def serving_module(s, *, with_preprocessing: bool = False):
   """torch module: images (as the artifact takes them) -> logits."""
   import torch  # pylint: disable=import-outside-toplevel
 
-  net = torch_model(s.model, s.variables)
+  net = torch_model(s)
   pre = _torch_preprocessing(s.preprocessing) if with_preprocessing else None
 
   class Serving(torch.nn.Module):
