@@ -395,3 +395,28 @@ def test_cli(tmp_path, capsys):
   rc = export.main(["--checkpoint", str(tmp_path / "missing.pth"),
                     "--format", "stablehlo", "--out", str(tmp_path / "x")])
   assert rc == 1 and "no such file" in capsys.readouterr().err
+
+
+@pytest.mark.slow
+def test_bench_export_smoke():
+  """bench/export.py runs every runtime end to end (no speed asserted)."""
+  import sys  # pylint: disable=import-outside-toplevel
+  sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(
+      __file__))))
+  from bench import export as bench_export  # pylint: disable=import-outside-toplevel
+  rec = bench_export.main([
+      "--model", "vit_ti_16", "--image-size", "32", "--batches", "1,2",
+      "--rounds", "1", "--round-seconds", "0.05", "--warmup", "0",
+      "--max-retries", "0"])
+  for batch in ("1", "2"):
+    contestants = rec["results"][batch]["contestants"]
+    assert set(contestants) == {"jax.jit", "stablehlo (jax.export)",
+                                "savedmodel (TF)", "onnxruntime",
+                                "torch eager"}
+    for label, c in contestants.items():
+      assert c["img_per_sec"]["median"] > 0, label
+      if label != "jax.jit":  # same weights and inputs everywhere
+        assert c["check_max_abs_diff"] < 1e-4, label
+  table = bench_export.format_table(rec)
+  assert "batch 1: ms" in table and "batch 2: img/s" in table
+  assert rec["cpu"]
