@@ -420,3 +420,19 @@ def test_bench_export_smoke():
   table = bench_export.format_table(rec)
   assert "batch 1: ms" in table and "batch 2: img/s" in table
   assert rec["cpu"]
+
+
+
+def test_onnx_checks_its_torch_twin():
+  """The torch twin is compared with JAX before the ONNX export, so a layout
+  the converters map only in part is an error, not a wrong artifact."""
+  import torch  # pylint: disable=import-outside-toplevel
+  from vit_jax import export_onnx  # pylint: disable=import-outside-toplevel
+  s = export.servable(_model("classic"))
+  net = export_onnx.torch_model(s)
+  export_onnx.check_twin(s, net)  # the exact twin passes
+  with torch.no_grad():
+    # As if the twin had no place for some parameter of the model:
+    net.encoder.layers[0].mlp[0].weight.mul_(0.5)
+  with pytest.raises(export.ExportError, match="does not compute it"):
+    export_onnx.check_twin(s, net)

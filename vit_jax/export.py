@@ -52,9 +52,6 @@ from vit_jax.export_preprocessing import preprocess, resize_method
 
 FORMATS = ("stablehlo", "savedmodel", "onnx")
 DTYPES = ("float32", "bfloat16")
-# Attention over more keys than this runs in chunks whose count depends on
-# the batch (vit_jax.layers); a dynamic batch then uses XLA's attention.
-_MAX_KEYS_FOR_DYNAMIC_BATCH = 256
 
 
 class ExportError(ValueError):
@@ -152,11 +149,18 @@ def serving_function(s: Servable, *, dtype: str = "float32",
                       "(model, variables, preprocessing).")
   if with_preprocessing:
     resize_method(s.preprocessing)
+  from vit_jax import layers  # pylint: disable=import-outside-toplevel
+
   model = s.model
-  tokens = (s.image_size // model.patch_size) ** 2 + 1
-  if (dynamic_batch and tokens > _MAX_KEYS_FOR_DYNAMIC_BATCH and
+  tokens = ((s.image_size // model.patch_size) ** 2 +
+            (1 if model.classifier == "token" else 0))
+  # The CPU attention path splits longer sequences into chunks whose count
+  # depends on the batch size; a dynamic batch uses XLA's attention instead
+  # (the same function).
+  # pylint: disable-next=protected-access
+  if (dynamic_batch and tokens > layers._FUSED_ATTENTION_MAX_KEYS and
       model.attention_impl in (None, "matmul")):
-    model = model.clone(attention_impl="xla")  # same function, any batch
+    model = model.clone(attention_impl="xla")
   params = s.variables
   if dtype == "bfloat16":
     model = model.clone(dtype=jnp.bfloat16)

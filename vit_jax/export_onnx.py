@@ -4,8 +4,9 @@
 The parameters go through the project's exact converters into torchvision's
 ``VisionTransformer`` (:func:`vit_jax.convert.to_torchvision_model`: class
 token, conv stem, pre-logits) or timm's (:func:`vit_jax.formats.to_timm`:
-global average pooling), both loaded with ``strict=True``, behind a layer
-that takes NHWC images; ``torch.onnx.export`` (the ``torch.export``-based
+global average pooling), both loaded with ``strict=True`` and checked
+against JAX on a random batch (:func:`check_twin`), behind a layer that
+takes NHWC images; ``torch.onnx.export`` (the ``torch.export``-based
 exporter) writes the graph with symbolic batch (and, with preprocessing,
 height and width) dimensions. This route was measured against jax2onnx
 (README: Deploying): the same parity, a graph onnxruntime runs faster, and no
@@ -19,7 +20,10 @@ width.
 
 from __future__ import annotations
 
+import functools
 import sys
+
+import numpy as np
 
 from vit_jax import export as export_lib
 from vit_jax import export_preprocessing
@@ -113,11 +117,9 @@ def torch_model(s):
                                         conv_stem=model.conv_stem)
   if model.classifier == "gap" and not model.conv_stem and not (
       model.representation_size):
-    import timm  # pylint: disable=import-outside-toplevel
     from timm.models.vision_transformer import VisionTransformer  # pylint: disable=import-outside-toplevel
     from vit_jax import formats  # pylint: disable=import-outside-toplevel
 
-    del timm
     net = VisionTransformer(
         img_size=s.image_size, patch_size=model.patch_size,
         embed_dim=model.hidden_size, depth=model.num_layers,
@@ -133,11 +135,34 @@ def torch_model(s):
       f"{model.representation_size}). Use --format stablehlo or savedmodel.")
 
 
+def check_twin(s, net, tol: float = 1e-4):
+  """Raises ExportError unless the torch twin ``net`` gives the logits of
+  ``s.model.apply`` on a random batch (a layout the converters map only in
+  part, e.g. parameters torchvision has no place for, would not)."""
+  import jax  # pylint: disable=import-outside-toplevel
+  import torch  # pylint: disable=import-outside-toplevel
+
+  x = np.random.RandomState(0).standard_normal(
+      (2, s.image_size, s.image_size, s.model.num_channels)).astype(np.float32)
+  want = np.asarray(jax.jit(functools.partial(s.model.apply, train=False))(
+      s.variables, x), np.float64)
+  with torch.no_grad():
+    got = net(torch.from_numpy(x.transpose(0, 3, 1, 2).copy())).numpy()
+  err = float(np.abs(got - want).max() / max(np.abs(want).max(), 1e-30))
+  if not err < tol:
+    raise export_lib.ExportError(
+        f"The torch twin of this model ({type(net).__module__}."
+        f"{type(net).__name__}) does not compute it (relative error {err:.1e}"
+        f"); ONNX export cannot hold this layout. Use --format stablehlo or "
+        f"savedmodel.")
+
+
 def serving_module(s, *, with_preprocessing: bool = False):
   """torch module: images (as the artifact takes them) -> logits."""
   import torch  # pylint: disable=import-outside-toplevel
 
   net = torch_model(s)
+  check_twin(s, net)
   pre = _torch_preprocessing(s.preprocessing) if with_preprocessing else None
 
   class Serving(torch.nn.Module):
