@@ -222,6 +222,10 @@ def main():
     real_stdout.flush()
 
   _send = _send_real
+  if framework in ("stablehlo", "savedmodel", "onnxruntime"):
+    from bench import export_worker  # pylint: disable=import-outside-toplevel
+    export_worker.runtime_main(framework, spec, _serve, _inputs)
+    return
   {"torch": torch_main, "jax": jax_main}[framework](spec)
 
 

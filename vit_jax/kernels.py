@@ -96,7 +96,7 @@ def attention_weights(qh, kh, scale):
 # ~4x slower (bench/README.md). Longer sequences (384 px and up with 16 px
 # patches) are processed in chunks of (batch, head) pairs, each chunk's
 # (N, N) block about 2 MiB, in a loop.
-_FUSED_ATTENTION_MAX_KEYS = 256
+FUSED_ATTENTION_MAX_KEYS = 256
 _ATTENTION_CHUNK_ELEMENTS = 2 ** 19
 
 
@@ -113,7 +113,7 @@ def attention(qh, kh, vh, scale):
     of left to autodiff: ``ds = e * (dp - rowsum(do * o)) / l`` needs one
     elementwise pass over (N, N) and an (N, hd) reduction, where softmax's
     autodiff reduces over (N, N) and materialises more (N, N) temporaries.
-  * above ``_FUSED_ATTENTION_MAX_KEYS`` keys, (batch, head) pairs go through
+  * above ``FUSED_ATTENTION_MAX_KEYS`` keys, (batch, head) pairs go through
     a loop in cache-sized chunks, and the backward pass recomputes the
     exponentials from the saved row maxima instead of keeping every (N, N)
     block (as flash attention does: memory linear in N).
@@ -156,7 +156,7 @@ def attention_chunks(qh, kh):
   """None (one fused computation), or the number of (batch, head) pairs per
   chunk: the largest divisor of B*H whose (N, N) blocks fit the budget."""
   b, h, n, s = qh.shape[0], qh.shape[1], qh.shape[2], kh.shape[2]
-  if s <= _FUSED_ATTENTION_MAX_KEYS:
+  if s <= FUSED_ATTENTION_MAX_KEYS:
     return None
   pairs = b * h
   fit = max(1, _ATTENTION_CHUNK_ELEMENTS // (n * s))

@@ -1,0 +1,438 @@
+"""Deployment artifacts (vit_jax.export), each run by its own runtime.
+
+StableHLO by ``jax.export.deserialize``, SavedModel by
+``tf.saved_model.load``, ONNX by ``onnxruntime.InferenceSession``: every
+artifact has one dynamic batch dimension and must give ``model.apply``'s
+logits to 1e-5 (relative to the largest logit) at batch 1 and 7, with and
+without the in-graph preprocessing. Small random models with every parameter
+perturbed, so each weight matters.
+"""
+
+import functools
+import os
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from vit_jax import (convert, export, export_preprocessing, export_tf,
+                     inference, models)
+
+# One entry per model family: get_model() overrides on top of _SMALL. A new
+# family (registers, MAP head, ...) is one more line here.
+FAMILIES = {
+    "classic": dict(classifier="token"),
+    "gap": dict(classifier="gap"),
+}
+_SMALL = dict(num_classes=10, num_layers=2, hidden_size=64, num_heads=4,
+              mlp_dim=128, patch_size=8, image_size=32)
+PRE = convert.Preprocessing(crop_size=32, resize_size=37,
+                            interpolation="bilinear")
+SUFFIX = {"stablehlo": ".shlo", "savedmodel": "", "onnx": ".onnx"}
+TOL = 1e-5
+
+
+def _perturbed(variables, seed=0, scale=0.05):
+  leaves, treedef = jax.tree_util.tree_flatten(variables)
+  rs = np.random.RandomState(seed)
+  return jax.tree_util.tree_unflatten(treedef, [
+      np.asarray(x) + scale * rs.standard_normal(np.shape(x)).astype(np.float32)
+      for x in leaves])
+
+
+@functools.lru_cache(maxsize=None)
+def _model(family, **extra):
+  model = models.get_model("vit_ti_16", **{**_SMALL, **FAMILIES[family],
+                                           **extra})
+  return model, _perturbed(models.init_params(model))
+
+
+@functools.lru_cache(maxsize=None)
+def _reference(family, with_pre):
+  model, variables = _model(family)
+
+  @jax.jit
+  def fn(images):
+    x = export_preprocessing.preprocess(images, PRE) if with_pre else images
+    return model.apply(variables, x, train=False)
+
+  return fn
+
+
+def _inputs(with_pre, seed=1):
+  """Batch 1 and 7; uint8 inputs of two sizes (one upscaled, one shrunk)."""
+  rs = np.random.RandomState(seed)
+  if with_pre:
+    return [rs.randint(0, 256, (1, 45, 38, 3), dtype=np.uint8),
+            rs.randint(0, 256, (7, 29, 61, 3), dtype=np.uint8)]
+  return [rs.standard_normal((b, 32, 32, 3)).astype(np.float32)
+          for b in (1, 7)]
+
+
+def _runtime(fmt, path):
+  """The artifact loaded by its own runtime: images -> logits (numpy)."""
+  if fmt == "stablehlo":
+    with open(path, "rb") as f:
+      exp = jax.export.deserialize(bytearray(f.read()))
+    return lambda x: np.asarray(exp.call(x))
+  if fmt == "savedmodel":
+    import tensorflow as tf  # pylint: disable=import-outside-toplevel
+    serve = tf.saved_model.load(path).signatures["serving_default"]
+    return lambda x: serve(images=tf.constant(x))["logits"].numpy()
+  import onnxruntime as ort  # pylint: disable=import-outside-toplevel
+  sess = ort.InferenceSession(path, providers=["CPUExecutionProvider"])
+  return lambda x: sess.run(["logits"], {"images": x})[0]
+
+
+@pytest.fixture(scope="module")
+def artifact(tmp_path_factory):
+  """artifact(fmt, family, with_pre) -> path (exported once per module)."""
+  made = {}
+  root = tmp_path_factory.mktemp("artifacts")
+
+  def get(fmt, family, with_pre=False):
+    key = (fmt, family, with_pre)
+    if key not in made:
+      model, variables = _model(family)
+      path = os.path.join(root, f"{fmt}_{family}_{int(with_pre)}{SUFFIX[fmt]}")
+      made[key] = export.export((model, variables, PRE), fmt, path,
+                                with_preprocessing=with_pre)
+    return made[key]
+
+  return get
+
+
+def _rel(got, want):
+  return float(np.abs(np.asarray(got, np.float64) - want).max() /
+               np.abs(want).max())
+
+
+@pytest.mark.parametrize("with_pre", [False, True], ids=["float", "uint8"])
+@pytest.mark.parametrize("family", list(FAMILIES))
+@pytest.mark.parametrize("fmt", export.FORMATS)
+def test_artifact_gives_model_apply_logits(fmt, family, with_pre, artifact,
+                                           record_property):
+  run = _runtime(fmt, artifact(fmt, family, with_pre))
+  ref = _reference(family, with_pre)
+  errs = []
+  for images in _inputs(with_pre):
+    want = np.asarray(ref(images), np.float64)
+    got = run(images)
+    assert got.shape == (len(images), _SMALL["num_classes"])
+    assert got.dtype == np.float32
+    errs.append(_rel(got, want))
+  record_property("max_rel_err", max(errs))
+  assert max(errs) < TOL, errs
+
+
+# --------------------------------------------------------------------------- #
+# Wrong inputs get clear errors from every runtime.
+# --------------------------------------------------------------------------- #
+
+_NCHW = np.zeros((2, 3, 32, 32), np.float32)
+_F64 = np.zeros((2, 32, 32, 3), np.float64)
+_U8 = np.zeros((2, 32, 32, 3), np.uint8)
+
+
+def test_stablehlo_wrong_inputs(artifact):
+  path = artifact("stablehlo", "classic")
+  art = export.load_stablehlo(path)
+  with pytest.raises(export.ExportError, match=r"float32 \(batch, 32, 32, 3\)"
+                     r".*NCHW"):
+    art(_NCHW)
+  with pytest.raises(export.ExportError, match="got float64"):
+    art(_F64)
+  with pytest.raises(export.ExportError, match="got uint8"):
+    art(_U8)
+  # The raw runtime names the mismatch too.
+  with open(path, "rb") as f:
+    exp = jax.export.deserialize(bytearray(f.read()))
+  with pytest.raises(ValueError, match="Shape mismatch"):
+    exp.call(_NCHW)
+  with pytest.raises(ValueError, match="Dtype mismatch"):
+    exp.call(_U8)
+  pre = export.load_stablehlo(artifact("stablehlo", "classic", True))
+  with pytest.raises(export.ExportError, match=r"uint8 \(batch, height, "
+                     r"width, 3\)"):
+    pre(np.zeros((1, 40, 40, 3), np.float32))
+
+
+def test_savedmodel_wrong_inputs(artifact):
+  import tensorflow as tf  # pylint: disable=import-outside-toplevel
+  serve = tf.saved_model.load(artifact("savedmodel", "classic")).signatures[
+      "serving_default"]
+  with pytest.raises(tf.errors.InvalidArgumentError, match=(
+      r"not compatible with expected shape \[\?,32,32,3\]")):
+    serve(images=tf.constant(_NCHW))
+  with pytest.raises(tf.errors.InvalidArgumentError,
+                     match="expected to be a float tensor but is a double"):
+    serve(images=tf.constant(_F64))
+
+
+def test_onnx_wrong_inputs(artifact):
+  import onnxruntime as ort  # pylint: disable=import-outside-toplevel
+  sess = ort.InferenceSession(artifact("onnx", "classic"),
+                              providers=["CPUExecutionProvider"])
+  with pytest.raises(Exception, match="invalid dimensions for input: images"):
+    sess.run(None, {"images": _NCHW})
+  with pytest.raises(Exception, match=r"Unexpected input data type.*double"):
+    sess.run(None, {"images": _F64})
+  inp = sess.get_inputs()[0]
+  assert (inp.name, inp.type) == ("images", "tensor(float)")
+  assert inp.shape[1:] == [32, 32, 3] and isinstance(inp.shape[0], str)
+
+
+# --------------------------------------------------------------------------- #
+# Options.
+# --------------------------------------------------------------------------- #
+
+
+def test_fixed_batch(tmp_path):
+  model, variables = _model("classic")
+  x = _inputs(False)[1][:3]
+  want = np.asarray(_reference("classic", False)(x), np.float64)
+  for fmt in ("stablehlo", "onnx"):
+    path = export.export((model, variables), fmt,
+                         str(tmp_path / f"a{SUFFIX[fmt]}"), batch=3)
+    assert _rel(_runtime(fmt, path)(x), want) < TOL
+  art = export.load_stablehlo(str(tmp_path / "a.shlo"))
+  assert art.spec.shape == (3, 32, 32, 3)
+  with pytest.raises(export.ExportError, match=r"float32 \(3, 32, 32, 3\)"):
+    art(x[:2])
+
+
+@pytest.mark.parametrize("fmt", ["stablehlo", "savedmodel"])
+def test_bfloat16(fmt, tmp_path):
+  model, variables = _model("classic")
+  path = export.export((model, variables), fmt,
+                       str(tmp_path / f"a{SUFFIX[fmt]}"), dtype="bfloat16")
+  x = _inputs(False)[1]
+  got = _runtime(fmt, path)(x)
+  assert got.dtype == np.float32
+  bf16 = jax.tree_util.tree_map(lambda v: jnp.asarray(v, jnp.bfloat16),
+                                variables)
+  want = jax.jit(functools.partial(model.clone(dtype=jnp.bfloat16).apply,
+                                   train=False))(bf16, x)
+  want32 = np.asarray(_reference("classic", False)(x), np.float64)
+  assert _rel(got, np.asarray(want, np.float64)) < 1e-2
+  assert 1e-5 < _rel(got, want32) < 5e-2  # really bfloat16, still the model
+  if fmt == "stablehlo":
+    assert "bf16" in export.load_stablehlo(path).exported.mlir_module()
+
+
+def test_onnx_bfloat16_is_a_clear_error(tmp_path):
+  with pytest.raises(export.ExportError, match="onnxruntime.*bfloat16"):
+    export.export(_model("classic"), "onnx", str(tmp_path / "a.onnx"),
+                  dtype="bfloat16")
+
+
+def test_dynamic_batch_over_256_tokens(tmp_path):
+  # 17 x 17 patches + class token: the CPU attention path chunks by batch,
+  # so a dynamic-batch artifact uses XLA's attention (the same function).
+  model, variables = _model("classic", image_size=136)
+  path = export.export((model, variables), "stablehlo", str(tmp_path / "a"))
+  run = _runtime("stablehlo", path)
+  for b in (2, 3):
+    x = np.random.RandomState(b).standard_normal((b, 136, 136, 3)).astype(
+        np.float32)
+    want = np.asarray(model.apply(variables, x, train=False), np.float64)
+    assert _rel(run(x), want) < TOL
+
+
+def test_savedmodel_module_has_no_composites_for_tensorflow():
+  from jax.extend.mlir import ir  # pylint: disable=import-outside-toplevel
+  from jax.extend.mlir.dialects import stablehlo  # pylint: disable=import-outside-toplevel
+  s = export.servable(_model("classic"))
+  exp = export.exported(s)
+  ctx = ir.Context()
+  assert "stablehlo.composite" in str(stablehlo.deserialize_portable_artifact(
+      ctx, exp.mlir_module_serialized))  # JAX wraps erf (GELU) in one
+  tf_exp = export_tf.for_tensorflow(exp)
+  text = str(stablehlo.deserialize_portable_artifact(
+      ctx, tf_exp.mlir_module_serialized))
+  assert "stablehlo.composite" not in text
+  assert "call @chlo.erf" in text  # the decomposition, called
+  x = _inputs(False)[1]
+  assert _rel(tf_exp.call(x), np.asarray(exp.call(x), np.float64)) < 1e-6
+
+
+# --------------------------------------------------------------------------- #
+# The exported preprocessing.
+# --------------------------------------------------------------------------- #
+
+
+def _photo(h, w, seed):
+  """A smooth image with some noise (uint8)."""
+  rs = np.random.RandomState(seed)
+  base = rs.randint(0, 256, (h // 8 + 2, w // 8 + 2, 3)).astype(np.float32)
+  img = np.asarray(jax.image.resize(base, (h, w, 3), "linear"))
+  img = img + rs.randint(-20, 21, img.shape)
+  return np.clip(np.round(img), 0, 255).astype(np.uint8)
+
+
+def test_crop_geometry_is_torchvisions():
+  pre = convert.Preprocessing(crop_size=224, resize_size=256)
+  for h in range(200, 700, 7):
+    for w in range(150, 900, 11):
+      # torchvision's Resize(256) + CenterCrop(224), as predict.py does it.
+      new = (256, int(256 * h / w)) if w <= h else (int(256 * w / h), 256)
+      want = (new[1], new[0], int(round((new[1] - 224) / 2.0)),
+              int(round((new[0] - 224) / 2.0)))
+      assert tuple(int(v) for v in export_preprocessing.crop_geometry(h, w, pre)) == want
+
+
+_METHOD = {"bilinear": "linear", "bicubic": "cubic", "lanczos": "lanczos3"}
+_SIZES = [(375, 500), (500, 375), (224, 224), (1000, 667), (180, 260)]
+
+
+@pytest.mark.parametrize("interp", list(_METHOD))
+def test_preprocess_is_jax_image_resample(interp):
+  pre = convert.Preprocessing(crop_size=224, resize_size=256,
+                              interpolation=interp)
+  f = jax.jit(export_preprocessing.preprocess, static_argnums=1)
+  for i, (h, w) in enumerate(_SIZES):
+    img = _photo(h, w, i)
+    got = np.asarray(f(img[None], pre))[0] * np.asarray(pre.std) * 255
+    nh, nw, top, left = export_preprocessing.crop_geometry(h, w, pre)
+    with jax.enable_x64(True):
+      want = jax.image.scale_and_translate(
+          jnp.asarray(img, jnp.float64)[None], (1, 224, 224, 3), (1, 2),
+          jnp.array([nh / h, nw / w]), -jnp.array([top, left], jnp.float64),
+          _METHOD[interp], antialias=True)
+      want = np.clip(np.asarray(want)[0], 0, 255) - np.asarray(pre.mean) * 255
+    assert np.abs(got - want).max() < 3e-4  # 0-255 units: float32 rounding
+
+
+@pytest.mark.parametrize("interp", list(_METHOD))
+def test_preprocess_against_pil(interp, record_property):
+  """predict.py's PIL path rounds to uint8 after each of its two passes (and
+  clips between them); the exported preprocessing does one float pass."""
+  pre = convert.Preprocessing(crop_size=224, resize_size=256,
+                              interpolation=interp)
+  f = jax.jit(export_preprocessing.preprocess, static_argnums=1)
+  means, maxes = [], []
+  for i, (h, w) in enumerate(_SIZES + [(256, 300)]):
+    img = _photo(h, w, i)
+    d = np.abs(np.asarray(f(img[None], pre))[0] -
+               inference.preprocess_pil(img, pre)) * np.asarray(pre.std) * 255
+    if min(h, w) == 256:  # no resize: PIL only crops
+      assert d.max() < 1e-3
+      continue
+    means.append(d.mean())
+    maxes.append(d.max())
+    assert d.mean() < 0.35
+    assert d.max() <= (1.0 + 1e-3 if interp == "bilinear" else 8.0)
+  record_property("mean_abs_diff_255", float(np.mean(means)))
+  record_property("max_abs_diff_255", float(np.max(maxes)))
+
+
+@pytest.mark.parametrize("interp", list(_METHOD))
+def test_torch_preprocessing_is_the_same_function(interp):
+  import torch  # pylint: disable=import-outside-toplevel
+  from vit_jax import export_onnx  # pylint: disable=import-outside-toplevel
+  pre = convert.Preprocessing(crop_size=32, resize_size=37,
+                              interpolation=interp, mean=(0.5,) * 3,
+                              std=(0.5,) * 3)
+  module = export_onnx._torch_preprocessing(pre)  # pylint: disable=protected-access
+  for i, (h, w) in enumerate([(45, 38), (29, 61), (37, 37)]):
+    img = _photo(h, w, i)[None]
+    got = module(torch.from_numpy(img)).numpy()
+    want = np.asarray(jax.jit(export_preprocessing.preprocess, static_argnums=1)(img, pre))
+    assert np.abs(got - want).max() < 1e-5
+
+
+def test_unsupported_interpolation(tmp_path):
+  model, variables = _model("classic")
+  pre = convert.Preprocessing(crop_size=32, resize_size=37,
+                              interpolation="nearest")
+  with pytest.raises(export.ExportError, match="not 'nearest'"):
+    export.export((model, variables, pre), "stablehlo", str(tmp_path / "a"),
+                  with_preprocessing=True)
+
+
+# --------------------------------------------------------------------------- #
+# What can be exported; the CLI.
+# --------------------------------------------------------------------------- #
+
+
+def test_servable_errors(tmp_path):
+  model, variables = _model("classic")
+  with pytest.raises(export.ExportError, match="crops 48x48.*32x32"):
+    export.servable((model, variables, convert.Preprocessing(crop_size=48)))
+  with pytest.raises(export.ExportError, match="no classification head"):
+    export.servable((model.clone(num_classes=0), variables))
+  with pytest.raises(export.ExportError, match="expected a checkpoint path"):
+    export.servable(42)
+  with pytest.raises(export.ExportError, match="needs the weights' "
+                     "preprocessing"):
+    export.export((model, variables), "stablehlo", str(tmp_path / "a"),
+                  with_preprocessing=True)
+  with pytest.raises(export.ExportError, match="format 'tflite'"):
+    export.export((model, variables), "tflite", str(tmp_path / "a"))
+
+
+def test_cli(tmp_path, capsys):
+  from vit_jax import formats_io  # pylint: disable=import-outside-toplevel
+  model, variables = _model("classic")
+  ckpt = str(tmp_path / "tiny.safetensors")
+  formats_io.save_safetensors(variables, ckpt, model=model, metadata={
+      "preprocessing": {"crop_size": 32, "resize_size": 37,
+                        "interpolation": "bicubic", "mean": [0.5] * 3,
+                        "std": [0.5] * 3}})
+  out = str(tmp_path / "tiny.onnx")
+  rc = export.main(["--checkpoint", ckpt, "--format", "onnx", "--out", out,
+                    "--with-preprocessing", "--verify"])
+  text = capsys.readouterr().out
+  assert rc == 0, text
+  assert "images: uint8 (batch, height, width, 3)" in text
+  assert "bicubic" in text
+  err = float(text.split("max relative error against JAX")[1].split()[0])
+  assert err < TOL
+  rc = export.main(["--checkpoint", ckpt, "--format", "onnx", "--out", out,
+                    "--dtype", "bfloat16"])
+  assert rc == 1 and "float32 only" in capsys.readouterr().err
+  rc = export.main(["--checkpoint", str(tmp_path / "missing.pth"),
+                    "--format", "stablehlo", "--out", str(tmp_path / "x")])
+  assert rc == 1 and "no such file" in capsys.readouterr().err
+
+
+@pytest.mark.slow
+def test_bench_export_smoke():
+  """bench/export.py runs every runtime end to end (no speed asserted)."""
+  import sys  # pylint: disable=import-outside-toplevel
+  sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(
+      __file__))))
+  from bench import export as bench_export  # pylint: disable=import-outside-toplevel
+  rec = bench_export.main([
+      "--model", "vit_ti_16", "--image-size", "32", "--batches", "1,2",
+      "--rounds", "1", "--round-seconds", "0.05", "--warmup", "0",
+      "--max-retries", "0"])
+  for batch in ("1", "2"):
+    contestants = rec["results"][batch]["contestants"]
+    assert set(contestants) == {"jax.jit", "stablehlo (jax.export)",
+                                "savedmodel (TF)", "onnxruntime",
+                                "torch eager"}
+    for label, c in contestants.items():
+      assert c["img_per_sec"]["median"] > 0, label
+      if label != "jax.jit":  # same weights and inputs everywhere
+        assert c["check_max_abs_diff"] < 1e-4, label
+  table = bench_export.format_table(rec)
+  assert "batch 1: ms" in table and "batch 2: img/s" in table
+  assert rec["cpu"]
+
+
+
+def test_onnx_checks_its_torch_twin():
+  """The torch twin is compared with JAX before the ONNX export, so a layout
+  the converters map only in part is an error, not a wrong artifact."""
+  import torch  # pylint: disable=import-outside-toplevel
+  from vit_jax import export_onnx  # pylint: disable=import-outside-toplevel
+  s = export.servable(_model("classic"))
+  net = export_onnx.torch_model(s)
+  export_onnx.check_twin(s, net)  # the exact twin passes
+  with torch.no_grad():
+    # As if the twin had no place for some parameter of the model:
+    net.encoder.layers[0].mlp[0].weight.mul_(0.5)
+  with pytest.raises(export.ExportError, match="does not compute it"):
+    export_onnx.check_twin(s, net)
