@@ -17,13 +17,17 @@ import numpy as np
 import pytest
 
 from vit_jax import (convert, export, export_preprocessing, export_tf,
-                     inference, models)
+                     formats, inference, models)
 
 # One entry per model family: get_model() overrides on top of _SMALL. A new
 # family (registers, MAP head, ...) is one more line here.
 FAMILIES = {
     "classic": dict(classifier="token"),
     "gap": dict(classifier="gap"),
+    # DINOv2 with registers and SigLIP's MAP head (tanh GELU).
+    "dinov2_reg": dict(num_registers=4, layer_scale_init=1e-5,
+                       no_embed_class=True),
+    "siglip": dict(classifier="map", act="gelu_tanh"),
 }
 _SMALL = dict(num_classes=10, num_layers=2, hidden_size=64, num_heads=4,
               mlp_dim=128, patch_size=8, image_size=32)
@@ -373,10 +377,9 @@ def test_servable_errors(tmp_path):
 
 
 def test_cli(tmp_path, capsys):
-  from vit_jax import formats_io  # pylint: disable=import-outside-toplevel
   model, variables = _model("classic")
   ckpt = str(tmp_path / "tiny.safetensors")
-  formats_io.save_safetensors(variables, ckpt, model=model, metadata={
+  formats.save_safetensors(variables, ckpt, model=model, metadata={
       "preprocessing": {"crop_size": 32, "resize_size": 37,
                         "interpolation": "bicubic", "mean": [0.5] * 3,
                         "std": [0.5] * 3}})
@@ -433,6 +436,6 @@ def test_onnx_checks_its_torch_twin():
   export_onnx.check_twin(s, net)  # the exact twin passes
   with torch.no_grad():
     # As if the twin had no place for some parameter of the model:
-    net.encoder.layers[0].mlp[0].weight.mul_(0.5)
+    net.blocks[0].mlp.fc1.weight.mul_(0.5)
   with pytest.raises(export.ExportError, match="does not compute it"):
     export_onnx.check_twin(s, net)

@@ -110,29 +110,45 @@ def torch_model(s):
         "now crashes the process on this stack (triton). Import torch and "
         "torchvision first (as python -m vit_jax.export does).")
   model, variables = s.model, s.variables
-  variant = models.Variant(model.hidden_size, model.num_layers,
-                           model.num_heads, model.mlp_dim, model.patch_size)
-  if model.classifier == "token":
+  if model.conv_stem or model.representation_size:  # torchvision holds these
+    if model.classifier != "token":
+      raise export_lib.ExportError(
+          f"ONNX export goes through torchvision's or timm's ViT; neither "
+          f"holds a classifier={model.classifier!r} model with a conv stem or "
+          f"a representation layer. Use --format stablehlo or savedmodel.")
+    variant = models.Variant(model.hidden_size, model.num_layers,
+                             model.num_heads, model.mlp_dim, model.patch_size)
     return convert.to_torchvision_model(variables, variant,
                                         conv_stem=model.conv_stem)
-  if model.classifier == "gap" and not model.conv_stem and not (
-      model.representation_size):
-    from timm.models.vision_transformer import VisionTransformer  # pylint: disable=import-outside-toplevel
-    from vit_jax import formats  # pylint: disable=import-outside-toplevel
+  return _timm_twin(s)
 
-    net = VisionTransformer(
-        img_size=s.image_size, patch_size=model.patch_size,
-        embed_dim=model.hidden_size, depth=model.num_layers,
-        num_heads=model.num_heads, mlp_ratio=model.mlp_dim / model.hidden_size,
-        num_classes=model.num_classes, class_token=False, global_pool="avg",
-        fc_norm=False)
-    net.load_state_dict(formats.to_timm(variables), strict=True)
-    return net.eval()
-  raise export_lib.ExportError(
-      f"ONNX export goes through torchvision's or timm's ViT; neither holds "
-      f"this model (classifier={model.classifier!r}, conv_stem="
-      f"{bool(model.conv_stem)}, representation_size="
-      f"{model.representation_size}). Use --format stablehlo or savedmodel.")
+
+def _timm_twin(s):
+  """timm's ``VisionTransformer`` with the architecture of ``s.model`` (every
+  family option: registers, LayerScale, no_embed_class, pre-norm, fc_norm,
+  MAP head, activation, LayerNorm epsilon), loaded with ``strict=True``."""
+  import torch  # pylint: disable=import-outside-toplevel
+  from timm.models.vision_transformer import VisionTransformer  # pylint: disable=import-outside-toplevel
+  from vit_jax import formats  # pylint: disable=import-outside-toplevel
+
+  m = s.model
+  if m.patch_bias == m.pre_norm:  # timm: PatchEmbed(bias=not pre_norm)
+    raise export_lib.ExportError(
+        f"timm's ViT has a patch-embedding bias exactly when it has no "
+        f"pre-norm (CLIP); this model has patch_bias={m.patch_bias}, "
+        f"pre_norm={m.pre_norm}. Use --format stablehlo or savedmodel.")
+  net = VisionTransformer(
+      img_size=s.image_size, patch_size=m.patch_size, embed_dim=m.hidden_size,
+      depth=m.num_layers, num_heads=m.num_heads,
+      mlp_ratio=m.mlp_dim / m.hidden_size, qkv_bias=m.qkv_bias,
+      class_token=m.classifier == "token", reg_tokens=m.num_registers,
+      no_embed_class=m.no_embed_class, init_values=m.layer_scale_init,
+      pre_norm=m.pre_norm, fc_norm=m.fc_norm,
+      global_pool={"token": "token", "gap": "avg", "map": "map"}[m.classifier],
+      num_classes=m.num_classes, act_layer=m.act,
+      norm_layer=functools.partial(torch.nn.LayerNorm, eps=m.layer_norm_eps))
+  net.load_state_dict(formats.to_timm(s.variables), strict=True)
+  return net.eval()
 
 
 def check_twin(s, net, tol: float = 1e-4):
