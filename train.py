@@ -26,7 +26,7 @@ import traceback
 from absl import app, flags, logging
 from ml_collections import config_dict, config_flags
 
-from vit_jax import multihost
+from vit_jax import console, multihost
 
 _CONFIG = config_flags.DEFINE_config_file(
     "config", None, "Training config: configs/<recipe>.py[:arg].",
@@ -191,4 +191,5 @@ def main(argv):
 
 if __name__ == "__main__":
   multihost.install_sigterm_handler()  # a notice during start-up counts too
+  console.quiet_native_logs()
   app.run(main, flags_parser=_parse_flags)

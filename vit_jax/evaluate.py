@@ -19,12 +19,11 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
 import time
 from typing import Optional, Sequence, Union
 
-from vit_jax import inference
+from vit_jax import console, inference
 
 
 def _eval_config(dataset: str, split: str, data_dir: Optional[str],
@@ -136,7 +135,7 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
-  os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+  console.quiet_native_logs()
   args = _parser().parse_args(argv)
   try:
     result = evaluate(args.checkpoint, dataset=args.dataset, split=args.split,
