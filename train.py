@@ -137,6 +137,9 @@ def _init_distributed():
   # JAX's preemption service (whose sync point Orbax's commit thread moves).
   jax.config.update("jax_enable_preemption_service", False)
   peer_timeout = int(_CONFIG.value.get("peer_timeout_seconds", 300))
+  limits = {} if peer_timeout <= 0 else dict(  # <= 0: JAX's defaults
+      heartbeat_timeout_seconds=peer_timeout + 60,
+      shutdown_timeout_seconds=peer_timeout)
   waits = multihost.Waits(
       _INIT_TIMEOUT.value, process_index=_PROCESS_ID.value,
       process_count=_NUM_PROCESSES.value, limit="--distributed_timeout")
@@ -147,9 +150,7 @@ def _init_distributed():
     jax.distributed.initialize(
         coordinator_address=_COORDINATOR.value,
         num_processes=_NUM_PROCESSES.value, process_id=_PROCESS_ID.value,
-        initialization_timeout=_INIT_TIMEOUT.value + 30,
-        heartbeat_timeout_seconds=peer_timeout + 60,
-        shutdown_timeout_seconds=peer_timeout)
+        initialization_timeout=_INIT_TIMEOUT.value + 30, **limits)
   waits.close()
 
 

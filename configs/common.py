@@ -94,8 +94,8 @@ def get_config() -> ml_collections.ConfigDict:
   # Seconds one process waits for the others at any one point (a step's
   # all-reduce, evaluation, a checkpoint's barriers or commit, start-up,
   # exit) before it stops with an error naming the step and what it waited
-  # for. It must cover the spread of compile and data start-up times
-  # between processes.
+  # for (0: no limit). It must cover the spread of compile and data start-up
+  # times between processes.
   c.peer_timeout_seconds = 300
 
   # ---------------------------------------------------------------- logging

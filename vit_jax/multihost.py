@@ -221,8 +221,8 @@ class Waits:
               f"waiting for {what} ({type(cause).__name__}: {first}): it died "
               f"or was killed (see its log).{where}")
     return (f"{self.prog}: error: {who} waited {self.timeout_s:g} s{at} for "
-            f"{what}, and stops: another process died, was stopped or is "
-            f"stuck (see its log).{where} The limit is "
+            f"{what}, and stops: another process died, was stopped, is "
+            f"stuck or never started (see its log).{where} The limit is "
             f"{self.limit}={self.timeout_s:g}.")
 
   def _stop(self, msg: str):
