@@ -26,6 +26,7 @@ if __package__ in (None, ""):
   sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from bench import harness  # noqa: E402
+from vit_jax import console  # noqa: E402
 
 
 def parse_config(text: str) -> harness.Contestant:
@@ -56,6 +57,7 @@ def parse_config(text: str) -> harness.Contestant:
 
 
 def main(argv=None):
+  console.quiet_native_logs()
   p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
   p.add_argument("--model", default="vit_b_16")
   p.add_argument("--mode", choices=("infer", "train"), default="infer")

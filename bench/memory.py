@@ -26,7 +26,7 @@ if __package__ in (None, ""):
 import jax  # noqa: E402
 
 from bench import steps  # noqa: E402
-from vit_jax import models  # noqa: E402
+from vit_jax import console, models  # noqa: E402
 
 MiB = 2 ** 20
 
@@ -45,6 +45,7 @@ def measure(name, batch, image_size, remat, scan=True, dtype="float32"):
 
 
 def main(argv=None):
+  console.quiet_native_logs()
   p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
   p.add_argument("--model", default="vit_b_16")
   p.add_argument("--image-size", type=int, default=224)
