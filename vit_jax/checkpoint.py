@@ -38,7 +38,8 @@ import jax
 import jax.numpy as jnp
 import orbax.checkpoint as ocp
 
-from vit_jax import convert, models
+from vit_jax import models
+from vit_jax.weights import check, trees
 
 ITEMS = ("variables", "train", "meta")
 SET_ASIDE = "checkpoints.set_aside"
@@ -277,11 +278,12 @@ class CheckpointManager:
     got, want = {}, {}
     for item in ("variables", "train"):
       tree = getattr(meta[item], "tree", meta[item])
-      got.update({f"{item}/{k}": v for k, v in _leaf_shapes(tree).items()})
+      got.update({f"{item}/{k}": tuple(v.shape)
+                  for k, v in _leaf_shapes(tree).items()})
       want.update({f"{item}/{k}": tuple(v.shape) for k, v in
                    _leaf_shapes(abstract_items[item]).items()})
     try:
-      convert.check_keys(got, want, "the train state of this config")
+      check.check_keys(got, want, "the train state of this config")
     except ValueError as e:
       raise ValueError(
           f"Checkpoint step {step} in {self.directory} does not match the "
@@ -506,7 +508,7 @@ def load_for_inference(path: str):
     variables = mngr.restore_variables_on(step, cpu)
   finally:
     mngr.manager.close()
-  variables = convert.unstack_layers(dict(variables))
+  variables = trees.unstack_layers(dict(variables))
   model = build_model(meta, dtype=jnp.float32, param_dtype=jnp.float32,
                       scan_layers=False, remat_policy=None, dropout_rate=0.0,
                       attention_dropout_rate=0.0, drop_path_rate=0.0)
