@@ -33,8 +33,8 @@ from typing import Any, Dict, Optional, Sequence
 
 import jax
 
-from vit_jax import (checkpoint, input_pipeline, metrics, multihost, optim,
-                     sharding, train_init, train_step)
+from vit_jax import (checkpoint, input_pipeline, kernels, metrics, multihost,
+                     optim, sharding, train_init, train_step)
 
 
 def validate_config(config, num_devices: int, num_processes: int):
@@ -67,6 +67,11 @@ def validate_config(config, num_devices: int, num_processes: int):
   if not 0.0 <= float(config.label_smoothing) < 1.0:
     raise ValueError(f"config.label_smoothing={config.label_smoothing} must be "
                      f"in [0, 1).")
+  impl = config.model.get("attention_impl")
+  if impl is not None and impl not in kernels.ATTENTION_IMPLS:
+    raise ValueError(
+        f"config.model.attention_impl={impl!r}: expected None (the backend "
+        f"chooses) or one of {', '.join(map(repr, kernels.ATTENTION_IMPLS))}.")
   if float(config.pp.mixup_alpha) < 0:
     raise ValueError(f"config.pp.mixup_alpha={config.pp.mixup_alpha} must be "
                      f">= 0 (0 disables mixup).")
