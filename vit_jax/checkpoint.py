@@ -39,7 +39,8 @@ import jax.numpy as jnp
 import orbax.checkpoint as ocp
 
 from vit_jax import models
-from vit_jax.weights import check, trees
+from vit_jax.weights import trees
+from vit_jax.weights.check import check_keys
 
 ITEMS = ("variables", "train", "meta")
 SET_ASIDE = "checkpoints.set_aside"
@@ -283,7 +284,7 @@ class CheckpointManager:
       want.update({f"{item}/{k}": tuple(v.shape) for k, v in
                    _leaf_shapes(abstract_items[item]).items()})
     try:
-      check.check_keys(got, want, "the train state of this config")
+      check_keys(got, want, "the train state of this config")
     except ValueError as e:
       raise ValueError(
           f"Checkpoint step {step} in {self.directory} does not match the "
