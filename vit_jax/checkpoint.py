@@ -39,7 +39,8 @@ import jax.numpy as jnp
 import orbax.checkpoint as ocp
 
 from vit_jax import models
-from vit_jax.weights import check, trees
+from vit_jax.weights import trees
+from vit_jax.weights.check import check_keys
 
 ITEMS = ("variables", "train", "meta")
 SET_ASIDE = "checkpoints.set_aside"
@@ -283,7 +284,7 @@ class CheckpointManager:
       want.update({f"{item}/{k}": tuple(v.shape) for k, v in
                    _leaf_shapes(abstract_items[item]).items()})
     try:
-      check.check_keys(got, want, "the train state of this config")
+      check_keys(got, want, "the train state of this config")
     except ValueError as e:
       raise ValueError(
           f"Checkpoint step {step} in {self.directory} does not match the "
@@ -467,6 +468,10 @@ def build_model(meta: Dict[str, Any], **overrides) -> models.VisionTransformer:
     if isinstance(kwargs.get(key), str):
       kwargs[key] = jnp.dtype(kwargs[key])
   kwargs.update(overrides)
+  if set(models.ARCH_FIELDS) <= set(kwargs):
+    # A whole architecture (fine-tuned from weights that gave it): the name
+    # (ours or timm's) is only a label.
+    return models.get_model(kwargs)
   return models.get_model(meta["model_name"], **kwargs)
 
 
