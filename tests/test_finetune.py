@@ -3,7 +3,6 @@ decide the architecture (registers, LayerScale, MAP head, activation ...),
 the config the training options; PyTorch files are converted in a child
 process, so torch never enters the training process."""
 
-import os
 import subprocess
 import sys
 
