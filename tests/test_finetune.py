@@ -47,7 +47,8 @@ def test_finetune_from_dinov2_with_registers(tmp_path, fmt):
   else:
     from safetensors.torch import save_file  # pylint: disable=import-outside-toplevel
     save_file(sd, str(path))
-  cfg = _finetune(path, 28, model_name="vit_small_patch14_reg4_dinov2")
+  cfg = _finetune(path, 28, model_name="vit_small_patch14_reg4_dinov2",
+                  **{"model.patch_size": 14})
   train_loop.train_and_evaluate(cfg, str(tmp_path / "run"), devices=ONE)
 
   model, variables, info = checkpoint.load_for_inference(str(tmp_path / "run"))
@@ -84,7 +85,8 @@ def test_finetune_from_hf_hub_siglip(tmp_path, monkeypatch):
   cache = str(tmp_path / "hub")
   hf_cache.put(cache, "google/siglip-tiny-test", str(folder))
   hf_cache.offline(monkeypatch, cache)
-  cfg = _finetune("hf-hub:google/siglip-tiny-test", 32, scan_layers=True)
+  cfg = _finetune("hf-hub:google/siglip-tiny-test", 32,
+                  **{"model.scan_layers": True, "model.patch_size": 8})
   train_loop.train_and_evaluate(cfg, str(tmp_path / "run"), devices=ONE)
 
   model, variables, info = checkpoint.load_for_inference(str(tmp_path / "run"))
@@ -125,9 +127,9 @@ def test_a_backbone_config_states_other_sizes(tmp_path):
   save_file({k: v.contiguous() for k, v in _timm_dinov2_reg().state_dict().items()},
             str(path))
   cfg = _finetune(path, 28, model_name="vit_small_patch14_reg4_dinov2",
-                  **{"model.num_heads": 4})
+                  **{"model.num_heads": 4, "model.patch_size": 14})
   init = train_init.load_initial_weights(tiny_config(
-      init_weights=str(path), image_size=28,
+      init_weights=str(path), image_size=28, **{"model.patch_size": 14},
       model_name="vit_small_patch14_reg4_dinov2"))
   with pytest.raises(ValueError, match=r"config.model.num_heads=4 but the "
                      r"initial weights .* have num_heads=2"):

@@ -117,7 +117,7 @@ def _tiny_torchvision_pth(path, image_size=16, patch=8, classes=5, seed=0):
 def _finetune_overrides(pth, **kw):
   o = dict(model_name="vit_ti_8", image_size=24, init_weights=str(pth),
            optimizer="sgd", learning_rate=0.0, total_steps=1, eval_every=1,
-           checkpoint_every=1, **{"model.num_layers": 2})
+           checkpoint_every=1, **{"model.num_layers": 2, "model.patch_size": 8})
   o.update(kw)
   return o
 
