@@ -26,6 +26,7 @@ fails before it starts, naming the step, the space needed and free.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import math
@@ -468,6 +469,12 @@ def build_model(meta: Dict[str, Any], **overrides) -> models.VisionTransformer:
     if isinstance(kwargs.get(key), str):
       kwargs[key] = jnp.dtype(kwargs[key])
   kwargs.update(overrides)
+  variant = {f.name for f in dataclasses.fields(models.Variant)}
+  if variant <= set(kwargs) or set(models.ARCH_FIELDS) <= set(kwargs):
+    # Every field a name would give is stated (a custom size, or weights
+    # that gave the whole architecture): the name (ours, timm's or the
+    # recipe's own) is only a label.
+    return models.get_model(kwargs)
   return models.get_model(meta["model_name"], **kwargs)
 
 
