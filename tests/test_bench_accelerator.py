@@ -26,7 +26,6 @@ def test_peak_table_and_mfu_inputs():
   assert accelerator.peak_flops("cpu") is None  # "unknown"
 
 
-@pytest.mark.slow
 def test_input_pipeline_bench_reports_cores_needed():
   res = ip_bench.main(["--cores", "1", "--randaugment", "off", "on",
                        "--images", "12", "--jpeg-size", "40", "56",
