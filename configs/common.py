@@ -61,6 +61,10 @@ def get_config() -> ml_collections.ConfigDict:
   c.model.scan_layers = False
   c.model.remat_policy = ""  # '', 'full', 'dots', 'dots_no_batch', 'nothing'
   c.model.head_bias_init = 0.0
+  # Attention kernel: None lets the backend choose (vit_jax.kernels.
+  # choose_attention: cuDNN fused attention on GPU with bfloat16/float16,
+  # XLA elsewhere, the matmul kernel on CPU); or 'matmul' | 'xla' | 'cudnn'.
+  c.model.attention_impl = config_dict.placeholder(str)
 
   # Initial weights: '' = from scratch; a torchvision weights name
   # ('IMAGENET1K_V1') or a local .pth state dict (same architecture).

@@ -225,3 +225,41 @@ def test_a_full_disk_names_the_step_the_space_and_the_intact_checkpoint(
                    r"KB \(the size of its arrays\) plus its metadata\)\. There "
                    r"is no earlier checkpoint", err), err
   assert "RESOURCE_EXHAUSTED" not in err and "Traceback" not in err
+
+
+def test_load_for_inference_restores_onto_the_default_backend(tmp_path,
+                                                              monkeypatch):
+  """No jax.devices("cpu"): with JAX_PLATFORMS naming only an accelerator
+  that call raises, and the variables must land on the default backend."""
+  from vit_jax import models  # pylint: disable=import-outside-toplevel
+  kw = dict(hidden_size=32, num_layers=1, num_heads=2, mlp_dim=64,
+            num_classes=3, attention_impl="cudnn")  # trained on a GPU
+  model = models.get_model("vit_ti_4", **kw)
+  variables = model.clone(attention_impl=None).init(
+      jax.random.key(0), jnp.zeros((1, 8, 8, 3)), train=False)
+  m = checkpoint.CheckpointManager(str(tmp_path / "checkpoints"), keep=1)
+  m.save(1, {"variables": variables, "train": {"step": jnp.int32(1)}},
+         {"model_name": "vit_ti_4", "model_kwargs": kw, "image_size": 8,
+          "mean": [0.5] * 3, "std": [0.5] * 3, "step": 1})
+  m.close()
+
+  real = jax.devices
+  asked = []
+
+  def devices(backend=None):
+    asked.append(backend)
+    if backend is not None:
+      raise RuntimeError(f"Unknown backend {backend}")  # JAX_PLATFORMS=cuda
+    return real()
+
+  monkeypatch.setattr(jax, "devices", devices)
+  loaded, got, info = checkpoint.load_for_inference(str(tmp_path))
+  monkeypatch.setattr(jax, "devices", real)
+  assert all(b is None for b in asked)
+  for leaf in jax.tree_util.tree_leaves(got):
+    assert leaf.devices() == {jax.local_devices()[0]}
+  assert loaded.attention_impl is None and info["step"] == 1
+  x = jax.random.normal(jax.random.key(1), (2, 8, 8, 3))
+  np.testing.assert_allclose(loaded.apply(got, x, train=False),
+                             model.clone(attention_impl=None).apply(
+                                 variables, x, train=False), atol=1e-6)

@@ -211,3 +211,127 @@ def test_randaugment_ops_and_determinism():
   b = randaugment.randaugment(img, num_layers=3, magnitude=9, seed=seed)
   np.testing.assert_array_equal(a.numpy(), b.numpy())
   assert os.path.basename(randaugment.__file__) == "randaugment.py"
+
+
+# --------------------------------------------------------------------------- #
+# What keeps an accelerator fed: uint8 to the device, decode-and-crop, the
+# epoch seam, double-buffering.
+# --------------------------------------------------------------------------- #
+
+
+def test_uint8_batches_normalised_on_the_device_are_the_host_numbers(src):
+  import jax
+  import jax.numpy as jnp
+  from vit_jax import models, train_step
+  mean, std = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)
+  cfg = tiny_config(image_size=12, **{"pp.randaugment_layers": 2})
+  kw = dict(local_batch=16, start_step=5, process_index=0, process_count=1)
+  u8 = _batches(ip.train_dataset(cfg, src, **kw), 2)
+  host = _batches(ip.train_dataset(cfg, src, mean=mean, std=std, **kw), 2)
+  norm = jax.jit(lambda x: train_step.normalize_images(x, mean, std))
+  for a, b in zip(u8, host):
+    assert a["image"].dtype == np.uint8 and a["image"].shape == (16, 12, 12, 3)
+    np.testing.assert_array_equal(a["label"], b["label"])
+    np.testing.assert_allclose(np.asarray(norm(a["image"])), b["image"],
+                               rtol=0, atol=1e-6)
+  # Eval: the jitted eval step on uint8 batches, on host-normalised ones.
+  ev = ip.eval_dataset(cfg, src, local_batch=64, process_index=0,
+                       process_count=1)[0]
+  ev_host = ip.eval_dataset(cfg, src, local_batch=64, process_index=0,
+                            process_count=1, mean=mean, std=std)[0]
+  model = models.get_model("vit_ti_4", hidden_size=32, num_layers=1,
+                           num_heads=2, mlp_dim=64, num_classes=10)
+  v = model.init(jax.random.key(0), jnp.zeros((1, 12, 12, 3)), train=False)
+  on_device = jax.jit(train_step.make_eval_step(model, 10, mean=mean, std=std))
+  on_host = jax.jit(train_step.make_eval_step(model, 10))
+  a, b = next(ip.as_numpy(ev)), next(ip.as_numpy(ev_host))
+  assert a["image"].dtype == np.uint8 and b["image"].dtype == np.float32
+  got, want = on_device(v["params"], {}, a), on_host(v["params"], {}, b)
+  for k in train_step.EVAL_SUMS:
+    np.testing.assert_allclose(float(got[k]), float(want[k]), rtol=1e-5)
+  with pytest.raises(ValueError, match="uint8 images need"):
+    on_host(v["params"], {}, a)
+
+
+def _jpeg_bytes(rng, h, w, quality=90):
+  import io
+  y, x = np.mgrid[0:h, 0:w]
+  img = np.stack([(x * 255 // max(1, w - 1)), (y * 255 // max(1, h - 1)),
+                  ((x + y) * 3) % 256], -1) + rng.randint(0, 40, (h, w, 3))
+  buf = io.BytesIO()
+  Image.fromarray(np.clip(img, 0, 255).astype(np.uint8)).save(
+      buf, format="JPEG", quality=quality)
+  return buf.getvalue()
+
+
+def test_decode_and_crop_jpeg_gives_todays_crops():
+  """The Inception crop of JPEG bytes (decode_and_crop_jpeg) equals the crop
+  of the fully decoded image (today's path) for the same seeds."""
+  import tensorflow as tf
+  rng = np.random.RandomState(0)
+  cfg = tiny_config(image_size=24, **{"pp.crop": "inception",
+                                      "pp.flip": True})
+  for h, w in ((61, 80), (97, 53), (64, 64)):
+    data = tf.constant(_jpeg_bytes(rng, h, w))
+    assert tuple(ip._shape(data).numpy()) == (h, w, 3)
+    pixels = tf.io.decode_jpeg(data, channels=3)
+    for s in range(6):
+      seed = tf.constant([s, 7 * s + 1], tf.int64)
+      a = ip.preprocess_train(data, seed, pp=cfg.pp, image_size=24)
+      b = ip.preprocess_train(pixels, seed, pp=cfg.pp, image_size=24)
+      assert a.dtype == tf.uint8
+      np.testing.assert_array_equal(a.numpy(), b.numpy())
+    # Windows at odd offsets (chroma blocks split), directly.
+    windows = [(1, 3, 17, 29), (0, 0, h, w), (h - 9, w - 5, 9, 5)]
+    for _ in range(12):
+      hh, ww = rng.randint(1, h + 1), rng.randint(1, w + 1)
+      windows.append((rng.randint(0, h - hh + 1), rng.randint(0, w - ww + 1),
+                      hh, ww))
+    for y0, x0, hh, ww in windows:
+      got = ip._decode_crop(data, tf.constant([y0, x0, 0]),
+                            tf.constant([hh, ww, -1]))
+      np.testing.assert_array_equal(got.numpy(),
+                                    pixels[y0:y0 + hh, x0:x0 + ww].numpy())
+  # A PNG takes the decode-then-slice path, with the same window.
+  png = tf.io.encode_png(pixels)
+  a = ip._decode_crop(png, tf.constant([2, 4, 0]), tf.constant([10, 12, -1]))
+  np.testing.assert_array_equal(a.numpy(), pixels[2:12, 4:16].numpy())
+
+
+def test_the_next_epoch_is_read_ahead_in_the_same_order():
+  import tensorflow as tf
+  raw = tf.data.Dataset.range(37)
+
+  def epoch(e):
+    return raw.shuffle(37, seed=11 + e * 7919, reshuffle_each_iteration=False)
+
+  want = list(tf.data.Dataset.range(2, 7).flat_map(epoch).as_numpy_iterator())
+  got = list(tf.data.Dataset.range(2, 7).apply(
+      ip._epochs_in_sequence(epoch)).as_numpy_iterator())
+  assert got == want and len(got) == 5 * 37
+  assert got[:37] != got[37:74]  # epochs are reshuffled
+
+
+@pytest.mark.parametrize("ahead", [0, 1, 3])
+def test_start_global_copies_ahead_in_order(ahead):
+  import jax
+  import tensorflow as tf
+  from vit_jax import sharding
+  pulled = []
+
+  def gen():
+    for i in range(6):
+      pulled.append(i)
+      yield {"image": np.full((4, 2, 2, 3), i, np.uint8)}
+
+  ds = tf.data.Dataset.from_generator(gen, output_signature={
+      "image": tf.TensorSpec((4, 2, 2, 3), tf.uint8)})
+  mesh = sharding.make_mesh(jax.devices()[:1], 1)
+  seen = []
+  for k, b in enumerate(ip.start_global(ds, sharding.batch_sharding(mesh),
+                                        ahead=ahead)):
+    assert isinstance(b["image"], jax.Array) and b["image"].dtype == np.uint8
+    seen.append(int(b["image"][0, 0, 0, 0]))
+    # When batch k is handed out, the copies of the next `ahead` started.
+    assert len(pulled) >= min(6, k + 1 + ahead)
+  assert seen == list(range(6))

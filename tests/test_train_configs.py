@@ -80,6 +80,41 @@ def test_config_file_flag_with_argument_and_locked_overrides():
     c.new_field = 1
 
 
+def _parse(*args):
+  from absl import flags
+  argv = ["prog", *args]
+  fv = flags.FlagValues()
+  config_flags.DEFINE_config_file("config", flag_values=fv, lock_config=True,
+                                  sys_argv=argv)
+  fv(argv)
+  return fv.config
+
+
+@pytest.mark.parametrize("impl", ["cudnn", "xla", "matmul"])
+def test_attention_impl_from_the_command_line_reaches_the_model(impl):
+  from vit_jax import train_init
+  c = _parse(f"--config={train_helpers.REPO}/configs/b16.py",
+             f"--config.model.attention_impl={impl}")
+  model = train_init.build_model(c.model_name,
+                                 train_init.model_kwargs(c, 10))
+  assert model.attention_impl == impl and model.num_classes == 10
+  default = _parse(f"--config={train_helpers.REPO}/configs/digits.py")
+  assert default.model.attention_impl is None  # the backend chooses
+  assert train_init.build_model(default.model_name, train_init.model_kwargs(
+      default, 10)).attention_impl is None
+
+
+def test_an_unknown_attention_impl_is_a_clear_error_before_training():
+  from vit_jax import train_loop
+  c = _parse(f"--config={train_helpers.REPO}/configs/digits.py",
+             "--config.model.attention_impl=flash")
+  with pytest.raises(ValueError, match=r"config.model.attention_impl='flash'"
+                     r".*'matmul', 'xla', 'cudnn'"):
+    train_loop.validate_config(c, num_devices=1, num_processes=1)
+  with pytest.raises(ValueError, match="attention_impl='flash'"):
+    train_loop.train_and_evaluate(c, "/nonexistent/never-created")
+
+
 def test_overriding_total_steps_alone_clamps_warmup():
   from configs import b16
   c = b16.get_config()

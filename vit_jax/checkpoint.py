@@ -479,7 +479,12 @@ def build_model(meta: Dict[str, Any], **overrides) -> models.VisionTransformer:
 
 
 def load_for_inference(path: str):
-  """Loads a training checkpoint for inference, on the CPU.
+  """Loads a training checkpoint for inference, on the default backend.
+
+  The variables are restored onto this process's first device of JAX's
+  default backend (the GPU or TPU where there is one), so predict, evaluate
+  and visualize run there, and ``JAX_PLATFORMS`` may name an accelerator
+  alone.
 
   Args:
     path: a training workdir, its ``checkpoints/`` directory (the latest
@@ -487,7 +492,8 @@ def load_for_inference(path: str):
 
   Returns:
     ``(model, variables, info)``: a float32, non-scanned, dropout-free
-    :class:`~vit_jax.models.VisionTransformer`; ``{'params': ...}`` (plus
+    :class:`~vit_jax.models.VisionTransformer` (its attention kernel chosen
+    by this backend); ``{'params': ...}`` (plus
     ``batch_stats`` if the model has any) that match it; and a dict with
     ``label_names`` (list of str or None), ``image_size`` (int), ``mean`` and
     ``std`` (3 floats, [0, 1] pixel units), ``dataset``, ``step``,
@@ -512,14 +518,17 @@ def load_for_inference(path: str):
       raise ValueError(f"Checkpoint step {step} in {ckpt_dir!r} is incomplete "
                        f"or unreadable; complete steps: {sorted(steps)}.")
     meta = mngr.restore_meta(step)
-    cpu = jax.sharding.SingleDeviceSharding(jax.devices("cpu")[0])
-    variables = mngr.restore_variables_on(step, cpu)
+    device = jax.sharding.SingleDeviceSharding(jax.local_devices()[0])
+    variables = mngr.restore_variables_on(step, device)
   finally:
     mngr.manager.close()
   variables = trees.unstack_layers(dict(variables))
+  # attention_impl=None: this backend's own kernel (a run trained with
+  # 'cudnn' on a GPU is still read on a CPU); the numbers are the same.
   model = build_model(meta, dtype=jnp.float32, param_dtype=jnp.float32,
                       scan_layers=False, remat_policy=None, dropout_rate=0.0,
-                      attention_dropout_rate=0.0, drop_path_rate=0.0)
+                      attention_dropout_rate=0.0, drop_path_rate=0.0,
+                      attention_impl=None)
   info = {
       "label_names": meta.get("label_names"),
       "image_size": int(meta["image_size"]),

@@ -97,10 +97,11 @@ def evaluate(checkpoint: Union[str, inference.Loaded], *,
         f"The model has {num_classes} classes but {dataset!r} has "
         f"{src.num_classes}: this checkpoint was not trained for it.")
   pre = loaded.preprocessing
-  ds, num_batches = input_pipeline.eval_dataset(
+  ds, num_batches = input_pipeline.eval_dataset(  # uint8 images
       config, src, local_batch=int(batch_size), process_index=0,
-      process_count=1, mean=tuple(pre.mean), std=tuple(pre.std))
-  eval_step = jax.jit(train_step.make_eval_step(loaded.model, num_classes))
+      process_count=1)
+  eval_step = jax.jit(train_step.make_eval_step(
+      loaded.model, num_classes, mean=tuple(pre.mean), std=tuple(pre.std)))
   start = time.time()
   totals = train_step.evaluate(eval_step, loaded.variables["params"],
                                loaded.variables.get("batch_stats", {}),

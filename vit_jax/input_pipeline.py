@@ -15,6 +15,13 @@ The random augmentation of element ``i`` uses stateless ops seeded with
 
 Evaluation visits every example exactly once: each process pads its slice to
 a common number of batches with ``mask == 0`` examples.
+
+Speed (what keeps an accelerator fed): images cross to the devices as uint8
+and are normalised inside the jitted steps; the Inception crop of a JPEG
+decodes only the crop (``tf.image.decode_and_crop_jpeg``); the next epoch's
+shuffle buffer fills in the background while this epoch is read; global
+batches are double-buffered on the devices (:func:`start_global`).
+``bench/input_pipeline.py`` measures the host side alone.
 """
 
 from __future__ import annotations
@@ -232,15 +239,81 @@ def _decode(image) -> tf.Tensor:
     image = tf.io.decode_image(image, channels=3, expand_animations=False)
     image.set_shape([None, None, 3])
     return image
+  return _rgb(image)
+
+
+def _rgb(image) -> tf.Tensor:
   image = tf.cast(image, tf.uint8)
   if image.shape[-1] == 1:
     image = tf.image.grayscale_to_rgb(image)
   return image
 
 
+def _shape(image) -> tf.Tensor:
+  """(H, W, 3) of an encoded image (a JPEG's from its header, without
+  decoding it) or of a pixel array."""
+  if image.dtype != tf.string:
+    return tf.concat([tf.shape(image)[:2], [3]], 0)
+  return tf.cond(
+      tf.io.is_jpeg(image),
+      lambda: tf.concat([tf.image.extract_jpeg_shape(image)[:2], [3]], 0),
+      lambda: tf.shape(_decode(image)))
+
+
+# Pixels decoded around a JPEG crop: libjpeg's chroma upsampling reads
+# neighbouring pixels, so a window decoded alone differs from the full decode
+# at its edges; one 16-pixel MCU of context makes the two the same.
+_JPEG_CROP_MARGIN = 16
+
+
+def _decode_crop(image, begin, size, shape=None) -> tf.Tensor:
+  """The window ``begin``/``size`` ((y, x, 0), (h, w, -1 or 3)) of an image
+  of ``shape`` (:func:`_shape`). A JPEG decodes only that window plus a
+  16-pixel margin (``tf.image.decode_and_crop_jpeg``): the same pixels as
+  decoding all of it and cropping. Anything else is decoded and sliced."""
+  h, w = size[0], size[1]
+  if image.dtype != tf.string:
+    return tf.slice(_rgb(image), begin, tf.stack([h, w, 3]))
+  if shape is None:
+    shape = _shape(image)
+
+  def jpeg():
+    m = _JPEG_CROP_MARGIN
+    y0, x0 = tf.maximum(begin[0] - m, 0), tf.maximum(begin[1] - m, 0)
+    y1 = tf.minimum(begin[0] + h + m, shape[0])
+    x1 = tf.minimum(begin[1] + w + m, shape[1])
+    window = tf.stack([y0, x0, y1 - y0, x1 - x0])
+    out = tf.image.decode_and_crop_jpeg(image, window, channels=3)
+    return tf.slice(out, tf.stack([begin[0] - y0, begin[1] - x0, 0]),
+                    tf.stack([h, w, 3]))
+
+  def other():
+    return tf.slice(_decode(image), begin, tf.stack([h, w, 3]))
+
+  out = tf.cond(tf.io.is_jpeg(image), jpeg, other)
+  out.set_shape([None, None, 3])
+  return out
+
+
 def _normalize(image, mean, std):
   image = tf.cast(image, tf.float32) / 255.0
   return (image - tf.constant(mean, tf.float32)) / tf.constant(std, tf.float32)
+
+
+def _to_uint8(image) -> tf.Tensor:
+  """Resized (float) pixels -> uint8, rounded: what crosses to the device."""
+  if image.dtype == tf.uint8:
+    return image
+  return tf.cast(tf.clip_by_value(tf.round(image), 0.0, 255.0), tf.uint8)
+
+
+def _finish(image, image_size, mean, std):
+  """uint8 (image_size, image_size, 3); normalised float32 on the host only
+  when ``mean``/``std`` are given (see :func:`train_dataset`)."""
+  image = tf.reshape(_to_uint8(image), [image_size, image_size, 3])
+  if mean is None and std is None:
+    return image
+  return _normalize(image, mean, std)
 
 
 def _resize(image, size):
@@ -251,8 +324,10 @@ def eval_resize_size(pp, image_size: int) -> int:
   return int(round(image_size / pp.eval_crop_fraction))
 
 
-def preprocess_eval(image, *, image_size: int, resize_size: int, mean, std):
-  """Resize the short side to ``resize_size``, center-crop, normalise."""
+def preprocess_eval(image, *, image_size: int, resize_size: int, mean=None,
+                    std=None):
+  """Resize the short side to ``resize_size``, center-crop; uint8, or
+  normalised float32 when ``mean`` and ``std`` are given."""
   image = _decode(image)
   shape = tf.cast(tf.shape(image)[:2], tf.float32)
   scale = tf.cast(resize_size, tf.float32) / tf.reduce_min(shape)
@@ -262,31 +337,41 @@ def preprocess_eval(image, *, image_size: int, resize_size: int, mean, std):
   top = (new[0] - image_size) // 2
   left = (new[1] - image_size) // 2
   image = image[top:top + image_size, left:left + image_size]
-  image = tf.reshape(image, [image_size, image_size, 3])
-  return _normalize(image, mean, std)
+  return _finish(image, image_size, mean, std)
 
 
-def preprocess_train(image, seed, *, pp, image_size: int, mean, std):
-  """Random crop (``pp.crop``), flip, RandAugment, normalise; ``seed`` is a
-  (2,) int64 stateless seed, so the result is a function of it."""
-  image = _decode(image)
+def inception_crop_window(shape, seed, pp):
+  """(begin, size) of the random resized crop of an image of ``shape``
+  (H, W, C): a function of the shape and the stateless ``seed`` only."""
+  begin, size, _ = tf.image.stateless_sample_distorted_bounding_box(
+      shape, tf.constant([0.0, 0.0, 1.0, 1.0], shape=[1, 1, 4]),
+      seed=seed, min_object_covered=0.0,
+      aspect_ratio_range=tuple(pp.crop_ratio),
+      area_range=tuple(pp.crop_scale), max_attempts=10,
+      use_image_if_no_bounding_boxes=True)
+  return begin, size
+
+
+def preprocess_train(image, seed, *, pp, image_size: int, mean=None, std=None):
+  """Random crop (``pp.crop``), flip, RandAugment; uint8, or normalised
+  float32 when ``mean`` and ``std`` are given. ``seed`` is a (2,) int64
+  stateless seed, so the result is a function of it.
+
+  The Inception crop of a JPEG decodes only the crop's window (and a margin:
+  :func:`_decode_crop`), with the same pixels as a full decode."""
   seeds = tf.random.experimental.stateless_split(seed, 4)
   if pp.crop == "inception":
-    begin, size, _ = tf.image.stateless_sample_distorted_bounding_box(
-        tf.shape(image), tf.constant([0.0, 0.0, 1.0, 1.0], shape=[1, 1, 4]),
-        seed=seeds[0], min_object_covered=0.0,
-        aspect_ratio_range=tuple(pp.crop_ratio),
-        area_range=tuple(pp.crop_scale), max_attempts=10,
-        use_image_if_no_bounding_boxes=True)
-    image = _resize(tf.slice(image, begin, size), image_size)
+    shape = _shape(image)
+    begin, size = inception_crop_window(shape, seeds[0], pp)
+    image = _resize(_decode_crop(image, begin, size, shape), image_size)
   elif pp.crop == "random_crop":  # resize, zero-pad, crop back: a shift
-    image = _resize(image, image_size)
+    image = _resize(_decode(image), image_size)
     pad = int(pp.crop_padding)
     image = tf.pad(image, [[pad, pad], [pad, pad], [0, 0]])
     image = tf.image.stateless_random_crop(
         image, [image_size, image_size, 3], seed=seeds[0])
   elif pp.crop == "resize":
-    image = _resize(image, image_size)
+    image = _resize(_decode(image), image_size)
   else:
     raise ValueError(f"config.pp.crop={pp.crop!r}: expected 'inception', "
                      f"'random_crop' or 'resize'.")
@@ -295,11 +380,9 @@ def preprocess_train(image, seed, *, pp, image_size: int, mean, std):
   if pp.randaugment_layers:
     from vit_jax import randaugment  # pylint: disable=import-outside-toplevel
     image = randaugment.randaugment(
-        tf.cast(tf.clip_by_value(tf.round(image), 0, 255), tf.uint8),
-        num_layers=pp.randaugment_layers, magnitude=pp.randaugment_magnitude,
-        seed=seeds[2])
-  image = tf.reshape(image, [image_size, image_size, 3])
-  return _normalize(image, mean, std)
+        _to_uint8(image), num_layers=pp.randaugment_layers,
+        magnitude=pp.randaugment_magnitude, seed=seeds[2])
+  return _finish(image, image_size, mean, std)
 
 
 # --------------------------------------------------------------------------- #
@@ -321,12 +404,33 @@ def _mix(*ints) -> int:
   return h
 
 
+def _epochs_in_sequence(epoch_fn):
+  """``flat_map(epoch_fn)`` over epoch numbers, the same elements in the same
+  order, but the next epoch's iterator (its shuffle buffer) is filled by a
+  background thread while this one is read: no stall at epoch boundaries.
+  At most two epochs' buffers exist at a time."""
+  logger = tf.get_logger()
+  level = logger.level
+  logger.setLevel("ERROR")  # its deprecation note: nothing else does this
+  try:
+    return tf.data.experimental.parallel_interleave(
+        epoch_fn, cycle_length=1, block_length=1, sloppy=False,
+        buffer_output_elements=1, prefetch_input_elements=1)
+  finally:
+    logger.setLevel(level)
+
+
 def train_dataset(config, src: DataSource, *, local_batch: int,
                   start_step: int, process_index: int, process_count: int,
-                  mean: Sequence[float], std: Sequence[float]):
+                  mean: Optional[Sequence[float]] = None,
+                  std: Optional[Sequence[float]] = None):
   """Infinite stream of process-local training batches from ``start_step``.
 
-  Yields dicts ``image`` (local_batch, S, S, 3) float32, ``label`` int32.
+  Yields dicts ``image`` (local_batch, S, S, 3) and ``label`` int32. Images
+  are uint8 (a quarter of float32's bytes to the device), normalised inside
+  the jitted step (:func:`vit_jax.train_step.normalize_images`); with
+  ``mean`` and ``std`` they are normalised float32 here instead (the same
+  numbers), for host-side consumers.
   """
   raw, n = _process_split(src.builder, src.train_split, process_index,
                           process_count, src.is_folder, drop_remainder=True)
@@ -347,7 +451,8 @@ def train_dataset(config, src: DataSource, *, local_batch: int,
 
   offset = int(start_step) * int(local_batch)
   first_epoch, skip = divmod(offset, n)
-  ds = tf.data.Dataset.range(first_epoch, 1 << 40).flat_map(epoch)
+  ds = tf.data.Dataset.range(first_epoch, 1 << 40).apply(
+      _epochs_in_sequence(epoch))
   ds = ds.skip(skip).enumerate(start=offset)
 
   pp, size = config.pp, config.image_size
@@ -366,12 +471,15 @@ def train_dataset(config, src: DataSource, *, local_batch: int,
 
 def eval_dataset(config, src: DataSource, *, local_batch: int,
                  process_index: int, process_count: int,
-                 mean: Sequence[float], std: Sequence[float]
+                 mean: Optional[Sequence[float]] = None,
+                 std: Optional[Sequence[float]] = None
                  ) -> Tuple[tf.data.Dataset, int]:
   """(padded process-local eval batches with ``mask``, number of batches).
 
   All processes yield the same number of batches; padding examples have
-  ``mask == 0`` so every real example is counted exactly once.
+  ``mask == 0`` (and zero pixels) so every real example is counted exactly
+  once. Images are uint8, or normalised float32 with ``mean`` and ``std``
+  (as in :func:`train_dataset`).
   """
   counts = [_process_split(src.builder, src.eval_split, p, process_count,
                            src.is_folder, drop_remainder=False)[1]
@@ -394,7 +502,8 @@ def eval_dataset(config, src: DataSource, *, local_batch: int,
   ds = raw.map(process, num_parallel_calls=tf.data.AUTOTUNE)
   pad = num_batches * local_batch - n
   if pad:
-    blank = {"image": tf.zeros([size, size, 3], tf.float32),
+    image = ds.element_spec["image"]
+    blank = {"image": tf.zeros(image.shape, image.dtype),
              "label": tf.constant(0, tf.int32),
              "mask": tf.constant(0.0, tf.float32)}
     ds = ds.concatenate(tf.data.Dataset.from_tensors(blank).repeat(pad))
@@ -427,7 +536,7 @@ def as_numpy(ds: tf.data.Dataset):
   return ds.as_numpy_iterator()
 
 
-def start_global(ds: tf.data.Dataset, sharding):
+def start_global(ds: tf.data.Dataset, sharding, ahead: int = 1):
   """Iterates process-local batches as global ``jax.Array`` batches.
 
   Args:
@@ -435,11 +544,23 @@ def start_global(ds: tf.data.Dataset, sharding):
     sharding: where a global batch lives (the batch axis split over every
       mesh axis, :func:`vit_jax.sharding.batch_sharding`); each process
       supplies the rows of its own devices.
+    ahead: global batches whose host-to-device copies are started before
+      the one yielded is used (1: double-buffered, the next batch is copied
+      while the step computes on this one; 0: none).
 
   Yields:
-    Dicts of global arrays, ``process_count`` times the local batch.
+    Dicts of global arrays, ``process_count`` times the local batch, in the
+    order of ``ds``.
   """
+  import collections  # pylint: disable=import-outside-toplevel
+
   import jax  # pylint: disable=import-outside-toplevel
 
+  queue = collections.deque()
   for batch in as_numpy(ds):
-    yield jax.make_array_from_process_local_data(sharding, batch)
+    # Dispatches the copies and returns: they overlap with the running step.
+    queue.append(jax.make_array_from_process_local_data(sharding, batch))
+    if len(queue) > ahead:
+      yield queue.popleft()
+  while queue:
+    yield queue.popleft()

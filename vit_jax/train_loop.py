@@ -33,8 +33,8 @@ from typing import Any, Dict, Optional, Sequence
 
 import jax
 
-from vit_jax import (checkpoint, input_pipeline, metrics, multihost, optim,
-                     sharding, train_init, train_step)
+from vit_jax import (checkpoint, input_pipeline, kernels, metrics, multihost,
+                     optim, sharding, train_init, train_step)
 
 
 def validate_config(config, num_devices: int, num_processes: int):
@@ -67,6 +67,11 @@ def validate_config(config, num_devices: int, num_processes: int):
   if not 0.0 <= float(config.label_smoothing) < 1.0:
     raise ValueError(f"config.label_smoothing={config.label_smoothing} must be "
                      f"in [0, 1).")
+  impl = config.model.get("attention_impl")
+  if impl is not None and impl not in kernels.ATTENTION_IMPLS:
+    raise ValueError(
+        f"config.model.attention_impl={impl!r}: expected None (the backend "
+        f"chooses) or one of {', '.join(map(repr, kernels.ATTENTION_IMPLS))}.")
   if float(config.pp.mixup_alpha) < 0:
     raise ValueError(f"config.pp.mixup_alpha={config.pp.mixup_alpha} must be "
                      f">= 0 (0 disables mixup).")
@@ -128,7 +133,7 @@ def train_and_evaluate(config, workdir: str, *,
   # ---- Input: the dataset's metadata (each process reads its own slice).
   src = input_pipeline.get_source(config)
 
-  # ---- Model, optimizer, the train state's shape and shardings, steps.
+  # ---- Model, optimizer, the train state's shape and shardings.
   init = train_init.load_initial_weights(config)  # None: from scratch
   model_kw = train_init.model_kwargs(config, src.num_classes, init)
   model = train_init.build_model(config.model_name, model_kw)
@@ -136,8 +141,6 @@ def train_and_evaluate(config, workdir: str, *,
   tx = optim.make_optimizer(config, schedule)
   abstract = train_step.abstract_train_state(model, tx, int(config.image_size))
   shardings = sharding.state_shardings(abstract, mesh)
-  fns = train_step.compile_steps(model, tx, config, mesh, abstract, shardings,
-                                 src.num_classes)
 
   # ---- Train state: resumed from the newest intact checkpoint, or initial.
   peer_timeout = float(config.get("peer_timeout_seconds", 300))
@@ -161,6 +164,7 @@ def train_and_evaluate(config, workdir: str, *,
   if pidx == 0:
     for note in notes:
       print(f"warning: {note}", file=sys.stderr, flush=True)
+  host_vars = None
   if latest is not None:
     with waits.waiting(f"checkpoint {latest} to be restored (Orbax's barriers)",
                        latest):
@@ -172,6 +176,11 @@ def train_and_evaluate(config, workdir: str, *,
     host_vars = train_init.initial_variables(config, init, abstract)
     mean, std = input_pipeline.normalization(
         config, init.preprocessing if init else None)
+    start = 0
+  # The steps normalise the uint8 batches with the run's (mean, std).
+  fns = train_step.compile_steps(model, tx, config, mesh, abstract, shardings,
+                                 src.num_classes, mean=mean, std=std)
+  if latest is None:
     if host_vars is None:
       state = fns.init_from_rng(jax.random.key(int(config.seed)))
     else:
@@ -179,8 +188,7 @@ def train_and_evaluate(config, workdir: str, *,
       if abstract.batch_stats:
         var_sh["batch_stats"] = shardings.batch_stats
       state = fns.init_from_variables(sharding.put_global(host_vars, var_sh))
-    del init, host_vars  # the host copy of the initial weights
-    start = 0
+  del init, host_vars  # the host copy of the initial weights
 
   # ---- Outputs: config.json, metrics.jsonl (a start row), TensorBoard.
   config_dict = json.loads(json.dumps(config.to_dict(), default=str))
@@ -204,14 +212,14 @@ def train_and_evaluate(config, workdir: str, *,
       f"process(es), batch {config.batch_size}, steps {start} -> {total}"
       + (f" (resumed from checkpoint {latest})" if latest is not None else ""))
 
-  # ---- Data from step `start`: tf.data -> global arrays.
+  # ---- Data from step `start`: tf.data -> uint8 global arrays (the steps
+  # normalise them on the devices), double-buffered.
   train_ds = input_pipeline.train_dataset(
       config, src, local_batch=int(config.batch_size) // pcount,
-      start_step=start, process_index=pidx, process_count=pcount, mean=mean,
-      std=std)
+      start_step=start, process_index=pidx, process_count=pcount)
   eval_ds, _ = input_pipeline.eval_dataset(
       config, src, local_batch=int(config.eval_batch_size) // pcount,
-      process_index=pidx, process_count=pcount, mean=mean, std=std)
+      process_index=pidx, process_count=pcount)
   batches = input_pipeline.start_global(train_ds, data_sh)
 
   # ---- The loop.

@@ -91,13 +91,37 @@ def num_params(abstract_state) -> int:
                  jax.tree_util.tree_leaves(abstract_state.params)))
 
 
+def normalize_images(images, mean=None, std=None):
+  """The model's input from a batch's images, on the device.
+
+  uint8 images (the input pipeline's, :mod:`vit_jax.input_pipeline`) are
+  pixels: ``(x / 255 - mean) / std`` per channel in float32, the same numbers
+  as the host's normalisation (``input_pipeline._normalize``). Floating-point
+  images are taken as already normalised and returned as they are.
+
+  Raises:
+    ValueError: uint8 images without ``mean`` and ``std``.
+  """
+  if images.dtype != jnp.uint8:
+    return images
+  if mean is None or std is None:
+    raise ValueError("uint8 images need the normalisation's mean and std "
+                     "(3 floats each, [0, 1] pixel units): pass mean= and "
+                     "std= when making the step.")
+  x = images.astype(jnp.float32) / 255.0
+  return ((x - jnp.asarray(mean, jnp.float32)) /
+          jnp.asarray(std, jnp.float32))
+
+
 def make_train_step(model, tx, *, num_classes: int, seed: int,
                     label_smoothing: float = 0.0, mixup_alpha: float = 0.0,
-                    grad_accum_steps: int = 1, micro_sharding=None):
+                    grad_accum_steps: int = 1, micro_sharding=None,
+                    mean=None, std=None):
   """The (unjitted) train step: state, batch -> state.
 
   Dropout/mixup rngs are ``fold_in(key(seed), step)``: a function of the
-  step, so a resumed run draws the same numbers.
+  step, so a resumed run draws the same numbers. uint8 images are
+  normalised with ``mean``/``std`` in the step (:func:`normalize_images`).
   """
   accum = int(grad_accum_steps)
 
@@ -119,7 +143,7 @@ def make_train_step(model, tx, *, num_classes: int, seed: int,
   def step_fn(state: TrainState, batch):
     rng = jax.random.fold_in(jax.random.key(seed), state.step)
     rng, mix_rng = jax.random.split(rng)
-    images = batch["image"]
+    images = normalize_images(batch["image"], mean, std)
     labels = jax.nn.one_hot(batch["label"], num_classes, dtype=jnp.float32)
     if label_smoothing:
       labels = optax.smooth_labels(labels, label_smoothing)
@@ -166,15 +190,17 @@ def make_train_step(model, tx, *, num_classes: int, seed: int,
   return step_fn
 
 
-def make_eval_step(model, num_classes: int):
-  """params, batch_stats, batch -> summed metrics of the masked batch."""
+def make_eval_step(model, num_classes: int, mean=None, std=None):
+  """params, batch_stats, batch -> summed metrics of the masked batch
+  (uint8 images normalised with ``mean``/``std``: :func:`normalize_images`)."""
   k = min(5, num_classes)
 
   def eval_fn(params, batch_stats, batch):
     variables = {"params": params}
     if batch_stats:
       variables["batch_stats"] = batch_stats
-    logits = model.apply(variables, batch["image"], train=False)
+    logits = model.apply(variables, normalize_images(batch["image"], mean, std),
+                         train=False)
     logits = logits.astype(jnp.float32)
     labels, mask = batch["label"], batch["mask"]
     loss = optax.softmax_cross_entropy_with_integer_labels(logits, labels)
@@ -235,8 +261,10 @@ class Compiled:
 
 
 def compile_steps(model, tx, config, mesh: Mesh, abstract_state,
-                  shardings, num_classes: int) -> Compiled:
-  """jit with explicit shardings and the state donated."""
+                  shardings, num_classes: int, mean=None,
+                  std=None) -> Compiled:
+  """jit with explicit shardings and the state donated; uint8 batches are
+  normalised with ``mean``/``std`` inside the train and eval steps."""
   from_rng, from_variables = make_init_fn(model, tx, config.image_size)
   data = sharding_lib.batch_sharding(mesh)
   micro = sharding_lib.batch_sharding(mesh, extra_leading=1)
@@ -245,8 +273,9 @@ def compile_steps(model, tx, config, mesh: Mesh, abstract_state,
       model, tx, num_classes=num_classes, seed=int(config.seed),
       label_smoothing=float(config.label_smoothing),
       mixup_alpha=float(config.pp.mixup_alpha),
-      grad_accum_steps=int(config.grad_accum_steps), micro_sharding=micro)
-  eval_fn = make_eval_step(model, num_classes)
+      grad_accum_steps=int(config.grad_accum_steps), micro_sharding=micro,
+      mean=mean, std=std)
+  eval_fn = make_eval_step(model, num_classes, mean=mean, std=std)
   var_sh = {"params": shardings.params}
   if abstract_state.batch_stats:
     var_sh["batch_stats"] = shardings.batch_stats

@@ -1,0 +1,360 @@
+r"""One command that measures an accelerator for training ViTs.
+
+    .venv/bin/python bench/accelerator.py                    # the full run
+    .venv/bin/python bench/accelerator.py --batch 256 --attention cudnn xla \
+        --scan on off --json bench/results/accelerator_h100.json
+
+On the default backend (GPU, TPU; on a CPU it runs tiny sizes and says so):
+
+1. **train step**: the real jitted step of ``train.py``
+   (``vit_jax.train_step.compile_steps``: uint8 batch normalised on the
+   device, forward, loss, backward, optimizer update; the config's optimizer,
+   bfloat16 compute, float32 parameters), data-parallel over every local
+   device, per ``--batch`` (per device) x ``--attention`` x ``--scan``:
+   img/s per device and MFU = img/s x analytic train FLOPs per image
+   (``bench/flops.py``: 3 x forward matmul FLOPs) / the device's peak dense
+   bfloat16 FLOP/s (:data:`PEAK_BF16`; "unknown" where not in the table,
+   e.g. on a CPU).
+2. **input pipeline alone**: ``bench/input_pipeline.py`` on generated JPEGs
+   with every host core.
+3. **train.py end to end** (a subprocess on the generated JPEG folder, the
+   first setting of 1.) against the step alone: the last logged img/s over
+   the step's img/s (the target is >= 0.9).
+4. **logits vs CPU**: float32 logits of the model on the accelerator and on
+   the host CPU, ``jax.default_matmul_precision('highest')``; max |a - b| /
+   max |b| (the target is <= 1e-4).
+
+Every number printed names the device and the host CPU. Nothing is
+extrapolated: a part that was not run says so.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+
+if __package__ in (None, ""):
+  sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from vit_jax import console  # noqa: E402
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+# Peak dense bfloat16 FLOP/s per device (no sparsity), from the vendors' data
+# sheets. Matched against ``device.device_kind`` in order (first hit wins).
+PEAK_BF16 = (
+    ("H200", 989e12),        # H200 SXM
+    ("H100 PCIe", 756e12),
+    ("H100", 989e12),        # H100 SXM5 (HBM3)
+    ("A100", 312e12),
+    ("TPU v4", 275e12),
+    ("TPU v5 lite", 197e12),  # v5e
+    ("TPU v5e", 197e12),
+    ("TPU v5p", 459e12),
+    ("TPU v5", 459e12),
+    ("TPU v6", 918e12),       # v6e (Trillium)
+)
+# Targets of issue 13 on one H100/H200.
+TARGET_IMG_S = 2900.0
+TARGET_LOGITS_REL = 1e-4
+TARGET_E2E_RATIO = 0.9
+# What a CPU run uses unless told otherwise (seconds, not hours).
+CPU_DEFAULTS = dict(model="vit_ti_16", image_size=32, batch=[4, 8],
+                    attention=["matmul", "xla"], steps=3, jpeg_size=[48, 64],
+                    e2e_steps=6, images=64)
+ACCEL_DEFAULTS = dict(model="vit_b_16", image_size=224, batch=[256, 512],
+                      attention=["cudnn", "xla"], steps=20,
+                      jpeg_size=[375, 500], e2e_steps=60, images=2048)
+
+
+def peak_flops(device_kind: str):
+  """The device's peak bfloat16 FLOP/s, or None (unknown, e.g. a CPU)."""
+  for key, peak in PEAK_BF16:
+    if key.lower() in device_kind.lower():
+      return peak
+  return None
+
+
+def bench_config(args, *, attention=None, scan=False, batch=None):
+  """configs/b16.py-style training config of the measured workload:
+  from-scratch AdamW recipe (no download), mixup/RandAugment off."""
+  from configs import common  # pylint: disable=import-outside-toplevel
+  c = common.vit_recipe("scratch", args.model, None)
+  c.image_size = args.image_size
+  c.model.dtype = args.dtype
+  c.model.attention_impl = attention
+  c.model.scan_layers = bool(scan)
+  c.model.drop_path_rate = 0.0
+  c.pp.mixup_alpha = 0.0
+  c.pp.randaugment_layers = 0
+  if batch is not None:
+    c.batch_size = batch
+  return c
+
+
+def step_rate(args, *, batch: int, attention: str, scan: bool) -> dict:
+  """img/s of ``train.py``'s jitted train step, ``batch`` per device."""
+  import jax  # pylint: disable=import-outside-toplevel
+  import numpy as np  # pylint: disable=import-outside-toplevel
+
+  from bench import flops  # pylint: disable=import-outside-toplevel
+  from vit_jax import (models, optim, sharding, train_init,  # pylint: disable=import-outside-toplevel
+                       train_step)
+  n_dev = jax.local_device_count()
+  cfg = bench_config(args, attention=attention, scan=scan, batch=batch * n_dev)
+  num_classes = 1000
+  model = train_init.build_model(cfg.model_name,
+                                 train_init.model_kwargs(cfg, num_classes))
+  tx = optim.make_optimizer(cfg, optim.make_schedule(cfg))
+  mesh = sharding.make_mesh(jax.local_devices(), 1)
+  abstract = train_step.abstract_train_state(model, tx, cfg.image_size)
+  shards = sharding.state_shardings(abstract, mesh)
+  fns = train_step.compile_steps(model, tx, cfg, mesh, abstract, shards,
+                                 num_classes, mean=(0.5,) * 3, std=(0.5,) * 3)
+  state = fns.init_from_rng(jax.random.key(0))
+  rng = np.random.RandomState(0)
+  g = cfg.batch_size
+  data = sharding.batch_sharding(mesh)
+  batch_arr = {
+      "image": jax.device_put(rng.randint(0, 256, (g, cfg.image_size,
+                                                   cfg.image_size, 3),
+                                          np.uint8), data),
+      "label": jax.device_put(rng.randint(0, num_classes, (g,), np.int32),
+                              data)}
+  votes = jax.device_put(np.zeros((n_dev,), np.int32), data)
+  t = time.perf_counter()
+  state, _ = fns.train_step(state, batch_arr, votes)
+  jax.block_until_ready(state.step)
+  compile_s = time.perf_counter() - t
+  for _ in range(2):
+    state, _ = fns.train_step(state, batch_arr, votes)
+  jax.block_until_ready(state.step)
+  t = time.perf_counter()
+  for _ in range(args.steps):
+    state, _ = fns.train_step(state, batch_arr, votes)
+  jax.block_until_ready(state.step)
+  wall = time.perf_counter() - t
+  per_dev = args.steps * batch / wall
+  variant = models.decode_variant(cfg.model_name)
+  f_img = flops.step_flops(variant, cfg.image_size, "train", num_classes)
+  peak = peak_flops(jax.devices()[0].device_kind)
+  return {"batch_per_device": batch, "attention": attention, "scan": scan,
+          "img_per_s_per_device": per_dev, "devices": n_dev,
+          "step_s": wall / args.steps, "compile_s": compile_s,
+          "train_flops_per_image": f_img,
+          "mfu": None if peak is None else per_dev * f_img / peak}
+
+
+def logits_vs_cpu(args) -> dict:
+  """Relative max difference of float32 logits, accelerator vs host CPU, at
+  the highest matmul precision, on a randomly initialised model."""
+  import jax  # pylint: disable=import-outside-toplevel
+  import jax.numpy as jnp  # pylint: disable=import-outside-toplevel
+  import numpy as np  # pylint: disable=import-outside-toplevel
+
+  from vit_jax import models  # pylint: disable=import-outside-toplevel
+  model = models.get_model(args.model, num_classes=1000)
+  x = np.random.RandomState(1).normal(
+      size=(4, args.image_size, args.image_size, 3)).astype(np.float32)
+  cpu = jax.devices("cpu")[0]
+  accel = jax.devices()[0]
+  with jax.default_matmul_precision("highest"), jax.default_device(cpu):
+    variables = jax.jit(lambda k: model.init(
+        k, jnp.zeros((1, args.image_size, args.image_size, 3)),
+        train=False))(jax.random.key(0))
+    # Every parameter matters: perturb them (the zero head would make
+    # the logits trivially equal).
+    leaves, tree = jax.tree_util.tree_flatten(variables)
+    r = np.random.RandomState(2)
+    leaves = [np.asarray(v) + 0.02 * r.normal(size=v.shape).astype(v.dtype)
+              for v in leaves]
+    variables = jax.tree_util.tree_unflatten(tree, leaves)
+    out = {}
+    for name, dev in (("cpu", cpu), ("accelerator", accel)):
+      v = jax.device_put(variables, dev)
+      fn = jax.jit(lambda v, x: model.apply(v, x, train=False))
+      out[name] = np.asarray(fn(v, jax.device_put(x, dev)), np.float64)
+  rel = float(np.max(np.abs(out["accelerator"] - out["cpu"])) /
+              np.max(np.abs(out["cpu"])))
+  return {"rel_max_diff": rel, "same_device": accel.platform == "cpu",
+          "accelerator": accel.device_kind, "cpu": cpu.device_kind}
+
+
+def end_to_end(args, folder: str, step_img_s: float, attention, scan,
+               batch: int) -> dict:
+  """train.py on the JPEG folder, the first setting: its last logged img/s
+  against the step alone's (per step: all devices)."""
+  import jax  # pylint: disable=import-outside-toplevel
+  n_dev = jax.local_device_count()
+  work = tempfile.mkdtemp(prefix="vit_jax_e2e_")
+  steps, log = args.e2e_steps, max(1, args.e2e_steps // 3)
+  cmd = [sys.executable, os.path.join(REPO, "train.py"),
+         f"--config={REPO}/configs/b16.py:scratch", f"--workdir={work}",
+         f"--config.dataset=folder:{folder}",
+         f"--config.model_name={args.model}",
+         f"--config.image_size={args.image_size}",
+         f"--config.model.dtype={args.dtype}",
+         f"--config.model.scan_layers={bool(scan)}",
+         "--config.model.drop_path_rate=0.0",
+         f"--config.batch_size={batch * n_dev}",
+         f"--config.eval_batch_size={batch * n_dev}",
+         f"--config.total_steps={steps}", f"--config.log_every={log}",
+         f"--config.eval_every={10 * steps}",
+         f"--config.checkpoint_every={10 * steps}",
+         "--config.pp.mixup_alpha=0.0", "--config.pp.randaugment_layers=0",
+         "--config.warmup_steps=1", "--config.write_plots=False",
+         "--config.tensorboard=False", "--config.async_checkpointing=False"]
+  if attention is not None:
+    cmd.append(f"--config.model.attention_impl={attention}")
+  try:
+    t = time.perf_counter()
+    p = subprocess.run(cmd, capture_output=True, text=True, cwd=REPO,
+                       check=False)
+    wall = time.perf_counter() - t
+    if p.returncode:
+      return {"error": (p.stderr or p.stdout)[-2000:], "command": cmd}
+    rows = [json.loads(line) for line in
+            open(os.path.join(work, "metrics.jsonl"))]
+    rates = [r["img_per_sec"] for r in rows if "img_per_sec" in r]
+  finally:
+    shutil.rmtree(work, ignore_errors=True)
+  e2e = rates[-1] / n_dev
+  return {"img_per_s_per_device": e2e, "step_img_per_s_per_device": step_img_s,
+          "ratio": e2e / step_img_s, "wall_s": wall, "steps": steps,
+          "logged_rates": rates}
+
+
+def main(argv=None):
+  console.quiet_native_logs()
+  p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+  p.add_argument("--model", help="default vit_b_16 (vit_ti_16 on CPU)")
+  p.add_argument("--image-size", type=int)
+  p.add_argument("--dtype", default="bfloat16")
+  p.add_argument("--batch", type=int, nargs="+",
+                 help="per device; default 256 512 (4 8 on CPU)")
+  p.add_argument("--attention", nargs="+",
+                 help="attention_impl values; default cudnn xla (matmul xla "
+                      "on CPU); 'auto' = the backend's choice")
+  p.add_argument("--scan", nargs="+", choices=("on", "off"),
+                 default=["off", "on"])
+  p.add_argument("--steps", type=int, help="timed steps per setting")
+  p.add_argument("--e2e-steps", type=int)
+  p.add_argument("--images", type=int, help="JPEGs generated")
+  p.add_argument("--jpeg-size", type=int, nargs=2, metavar=("H", "W"))
+  p.add_argument("--skip", nargs="*", default=[],
+                 choices=("step", "pipeline", "e2e", "logits"))
+  p.add_argument("--json", help="also write the results here")
+  args = p.parse_args(argv)
+
+  import jax  # pylint: disable=import-outside-toplevel
+
+  from bench import input_pipeline as ip_bench  # pylint: disable=import-outside-toplevel
+  backend = jax.default_backend()
+  defaults = CPU_DEFAULTS if backend == "cpu" else ACCEL_DEFAULTS
+  for k, v in defaults.items():
+    if getattr(args, k) is None:
+      setattr(args, k, v)
+  attention = [None if a == "auto" else a for a in args.attention]
+  dev = jax.devices()[0]
+  res = {"backend": backend, "device": dev.device_kind,
+         "devices": jax.local_device_count(), "host_cpu": ip_bench.describe_cpu(),
+         "jax": jax.__version__, "model": args.model,
+         "image_size": args.image_size, "dtype": args.dtype,
+         "peak_bf16_flops": peak_flops(dev.device_kind)}
+  print(f"Device: {jax.local_device_count()} x {dev.device_kind} ({backend}); "
+        f"host CPU: {res['host_cpu']}; jax {jax.__version__}")
+  if backend == "cpu":
+    print("This is a CPU: the numbers below measure this CPU at tiny sizes "
+          "(unless given), not an accelerator; MFU is unknown.")
+
+  steps = []
+  if "step" not in args.skip:
+    print(f"\n1. train step ({args.model}, {args.image_size}px, {args.dtype}, "
+          f"the config's AdamW; per device)")
+    print(f"{'batch':>6s} {'attention':>9s} {'scan':>5s} {'img/s/dev':>10s} "
+          f"{'step ms':>8s} {'MFU':>6s} {'compile s':>9s}")
+    for b in args.batch:
+      for a in attention:
+        for s in args.scan:
+          try:
+            r = step_rate(args, batch=b, attention=a, scan=s == "on")
+          except Exception as e:  # pylint: disable=broad-except
+            r = {"batch_per_device": b, "attention": a, "scan": s == "on",
+                 "error": f"{type(e).__name__}: {str(e)[:300]}"}
+            print(f"{b:6d} {str(a):>9s} {s:>5s}  failed: {r['error']}")
+            steps.append(r)
+            continue
+          steps.append(r)
+          mfu = "unknown" if r["mfu"] is None else f"{100 * r['mfu']:.1f}%"
+          print(f"{b:6d} {str(a):>9s} {s:>5s} {r['img_per_s_per_device']:10.1f}"
+                f" {1e3 * r['step_s']:8.1f} {mfu:>6s} {r['compile_s']:9.1f}",
+                flush=True)
+    ok = [r for r in steps if "error" not in r]
+    if ok:
+      best = max(ok, key=lambda r: r["img_per_s_per_device"])
+      res["best_step"] = best
+      if backend != "cpu" and args.model == "vit_b_16" and args.dtype == "bfloat16":
+        print(f"Best {best['img_per_s_per_device']:.0f} img/s per device; "
+              f"target >= {TARGET_IMG_S:.0f} on one H100/H200: "
+              f"{'met' if best['img_per_s_per_device'] >= TARGET_IMG_S else 'NOT met'}.")
+  res["train_step"] = steps
+
+  folder = tempfile.mkdtemp(prefix="vit_jax_accel_jpegs_")
+  try:
+    need_jpegs = "pipeline" not in args.skip or "e2e" not in args.skip
+    if need_jpegs:
+      h, w = args.jpeg_size
+      ip_bench.write_jpegs(folder, args.images, h, w)
+    if "pipeline" not in args.skip:
+      cores = len(os.sched_getaffinity(0))
+      cfg = ip_bench.pipeline_config(folder, image_size=args.image_size)
+      r = ip_bench.measure(cfg, cores=cores, batch=max(args.batch),
+                           batches=max(2, min(20, args.images //
+                                              max(args.batch))))
+      res["input_pipeline"] = dict(r, cores=cores)
+      print(f"\n2. input pipeline alone ({h}x{w} JPEGs -> {args.image_size}px, "
+            f"Inception crop + flip, uint8): {r['img_per_s']:.0f} img/s on "
+            f"{cores} host cores ({r['img_per_s'] / cores:.0f} img/s/core)")
+    ok = [r for r in steps if "error" not in r]
+    if "e2e" not in args.skip and ok:
+      first = ok[0]
+      r = end_to_end(args, folder, first["img_per_s_per_device"],
+                     first["attention"], first["scan"],
+                     first["batch_per_device"])
+      res["end_to_end"] = r
+      if "error" in r:
+        print(f"\n3. train.py end to end failed:\n{r['error']}")
+      else:
+        print(f"\n3. train.py end to end (batch {first['batch_per_device']}"
+              f"/device, attention {first['attention']}, scan "
+              f"{first['scan']}, {r['steps']} steps): "
+              f"{r['img_per_s_per_device']:.1f} img/s per device vs the step "
+              f"alone {r['step_img_per_s_per_device']:.1f}: ratio "
+              f"{r['ratio']:.2f} (target >= {TARGET_E2E_RATIO})")
+  finally:
+    shutil.rmtree(folder, ignore_errors=True)
+
+  if "logits" not in args.skip:
+    r = logits_vs_cpu(args)
+    res["logits"] = r
+    what = ("the same CPU twice (no accelerator here: not a comparison)"
+            if r["same_device"] else f"{r['accelerator']} vs {r['cpu']}")
+    print(f"\n4. float32 logits at highest matmul precision, {what}: "
+          f"relative max difference {r['rel_max_diff']:.2e} (target <= "
+          f"{TARGET_LOGITS_REL:.0e})")
+  if args.json:
+    os.makedirs(os.path.dirname(os.path.abspath(args.json)), exist_ok=True)
+    with open(args.json, "w") as f:
+      json.dump(res, f, indent=1, default=str)
+    print(f"\nwrote {args.json}")
+  return res
+
+
+if __name__ == "__main__":
+  main()

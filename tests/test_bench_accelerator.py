@@ -1,0 +1,62 @@
+"""Smoke tests of bench/accelerator.py and bench/input_pipeline.py: on this
+CPU they run at tiny sizes, say that they measured a CPU, and report every
+part they promise. Nothing here asserts a speed."""
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, REPO)
+
+from bench import accelerator  # noqa: E402  pylint: disable=wrong-import-position
+from bench import input_pipeline as ip_bench  # noqa: E402  pylint: disable=wrong-import-position
+
+
+def test_peak_table_and_mfu_inputs():
+  assert accelerator.peak_flops("NVIDIA H100 80GB HBM3") == 989e12
+  assert accelerator.peak_flops("NVIDIA H100 PCIe") == 756e12
+  assert accelerator.peak_flops("NVIDIA H200") == 989e12
+  assert accelerator.peak_flops("NVIDIA A100-SXM4-80GB") == 312e12
+  assert accelerator.peak_flops("TPU v4") == 275e12
+  assert accelerator.peak_flops("TPU v5 lite") == 197e12
+  assert accelerator.peak_flops("cpu") is None  # "unknown"
+
+
+def test_input_pipeline_bench_reports_cores_needed():
+  res = ip_bench.main(["--cores", "1", "--randaugment", "off", "on",
+                       "--images", "12", "--jpeg-size", "40", "56",
+                       "--image-size", "24", "--batch", "4", "--batches", "2",
+                       "--step-rate", "2900"])
+  assert "Model name" in res["cpu"] or "CPU" in res["cpu"]
+  assert [r["randaugment"] for r in res["rows"]] == ["off", "on"]
+  assert all(r["img_per_s"] > 0 and r["images"] == 8 for r in res["rows"])
+  text = ip_bench.report(res)
+  assert "A step rate of 2,900 img/s needs about" in text and "CPU:" in text
+
+
+@pytest.mark.slow
+def test_accelerator_bench_runs_on_cpu_and_says_so(tmp_path):
+  out = tmp_path / "acc.json"
+  cmd = [sys.executable, os.path.join(REPO, "bench", "accelerator.py"),
+         "--batch", "2", "--attention", "auto", "--scan", "on", "--steps", "1",
+         "--e2e-steps", "3", "--images", "16", "--jpeg-size", "40", "48",
+         "--json", str(out)]
+  p = subprocess.run(cmd, capture_output=True, text=True, cwd=REPO,
+                     check=False, timeout=900)
+  assert p.returncode == 0, p.stderr[-3000:]
+  assert "This is a CPU" in p.stdout and "MFU is unknown" in p.stdout
+  for part in ("1. train step", "2. input pipeline alone",
+               "3. train.py end to end", "4. float32 logits"):
+    assert part in p.stdout, p.stdout
+  res = json.loads(out.read_text())
+  assert res["backend"] == "cpu" and res["peak_bf16_flops"] is None
+  (step,) = res["train_step"]
+  assert step["img_per_s_per_device"] > 0 and step["mfu"] is None
+  assert step["scan"] is True and step["train_flops_per_image"] > 0
+  assert res["input_pipeline"]["img_per_s"] > 0
+  assert res["end_to_end"]["ratio"] > 0, res["end_to_end"]
+  assert res["logits"]["same_device"] and res["logits"]["rel_max_diff"] == 0
