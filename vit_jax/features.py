@@ -124,7 +124,8 @@ def extract(checkpoint: Union[str, inference.Loaded], *,
     # Host values of all processes, in the global batch's row order.
     keep = multihost_utils.process_allgather(batch["mask"], tiled=True) > 0
     labels = multihost_utils.process_allgather(batch["label"], tiled=True)
-    emb, grid = fn(variables, train_lib.global_batch(batch["image"], data_sh))
+    emb, grid = fn(variables, jax.make_array_from_process_local_data(
+        data_sh, batch["image"]))
     out["embeddings"].append(np.asarray(
         multihost_utils.process_allgather(emb, tiled=True), np.float32)[keep])
     out["labels"].append(np.asarray(labels, np.int32)[keep])
