@@ -151,7 +151,7 @@ def test_released_weights_offline_fail_fast(tmp_path, monkeypatch):
   import torch
   from vit_jax import weights
   from vit_jax.weights import files
-  monkeypatch.setattr(files, "_online", lambda *a, **k: False)
+  monkeypatch.setattr(files, "online", lambda *a, **k: False)
   monkeypatch.setattr(torch.hub, "get_dir", lambda: str(tmp_path))
   with pytest.raises(weights.CheckpointError, match=r"not cached at .*vit_b_16-"
                      r".*download.pytorch.org cannot be reached"):

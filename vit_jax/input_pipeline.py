@@ -29,8 +29,6 @@ from __future__ import annotations
 import dataclasses
 import math
 import os
-import socket
-import threading
 from typing import Any, List, Optional, Sequence, Tuple
 
 import tensorflow as tf
@@ -79,20 +77,10 @@ def _folder_path(dataset: str) -> Optional[str]:
 
 
 def _online(host: str = "storage.googleapis.com", timeout: float = 4.0) -> bool:
-  """Quick reachability probe (DNS + TCP) that never blocks for long."""
-  ok = []
-
-  def probe():
-    try:
-      socket.create_connection((host, 443), timeout=timeout).close()
-      ok.append(True)
-    except OSError:
-      pass
-
-  t = threading.Thread(target=probe, daemon=True)
-  t.start()
-  t.join(timeout + 1.0)
-  return bool(ok)
+  """Whether tfds' download host answers (a quick probe that never blocks
+  for long; :func:`vit_jax.weights.files.online`)."""
+  from vit_jax.weights import files  # pylint: disable=import-outside-toplevel
+  return files.online(host, timeout)
 
 
 def _download_is_mocked() -> bool:

@@ -256,7 +256,7 @@ def download_torchvision(enum) -> Dict[str, np.ndarray]:
                         os.path.basename(enum.url))
   if not os.path.exists(cached):
     host = urllib.parse.urlparse(enum.url).hostname
-    if not _online(host):
+    if not online(host):
       raise FileNotFoundError(
           f"torchvision weights {enum} are not cached at {cached!r} and "
           f"{host} cannot be reached (offline?). Download {enum.url} to that "
@@ -265,7 +265,7 @@ def download_torchvision(enum) -> Dict[str, np.ndarray]:
       enum.url, progress=True, check_hash=True, weights_only=True))
 
 
-def _online(host: str, timeout: float = 4.0) -> bool:
+def online(host: str, timeout: float = 4.0) -> bool:
   """Quick reachability probe (DNS + TCP) that never blocks for long."""
   import socket  # pylint: disable=import-outside-toplevel
   import threading  # pylint: disable=import-outside-toplevel
