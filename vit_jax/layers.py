@@ -127,6 +127,43 @@ class Dense(nn.Module):
     return kernels.dense(x, kernel, bias, out_dtype)
 
 
+class PatchEmbed(nn.Module):
+  """``nn.Conv(features, (p, p), strides=(p, p), padding='VALID')``: its
+  parameters (``kernel`` (p, p, C, features), ``bias``), initialisers and
+  function, computed as one GEMM of the flattened patches
+  (B*h*w, p*p*C) @ (p*p*C, features) through :func:`vit_jax.kernels.dense`.
+
+  XLA:CPU runs the strided convolution and its kernel gradient far below
+  GEMM speed, and in bfloat16 upcasts both to float32 (bench/README.md);
+  the patch GEMM takes the fast paths of every other dense layer. Rows and
+  columns past the last whole patch are dropped, as a VALID convolution
+  does. ``patch_size=1`` is a 1x1 convolution (the last layer of a
+  convolutional stem).
+  """
+
+  features: int
+  patch_size: int
+  use_bias: bool = True
+  dtype: Optional[Dtype] = None
+  param_dtype: Dtype = jnp.float32
+
+  @nn.compact
+  def __call__(self, x):
+    p = self.patch_size
+    b, height, width, c = x.shape
+    kernel = self.param("kernel", nn.linear.default_kernel_init,
+                        (p, p, c, self.features), self.param_dtype)
+    bias = (self.param("bias", nn.initializers.zeros_init(), (self.features,),
+                       self.param_dtype) if self.use_bias else None)
+    h, w = height // p, width // p
+    x = x[:, :h * p, :w * p].astype(self.dtype or jnp.result_type(
+        x.dtype, self.param_dtype))
+    patches = x.reshape(b, h, p, w, p, c).transpose(0, 1, 3, 2, 4, 5)
+    y = kernels.dense(patches.reshape(b * h * w, p * p * c),
+                      kernel.reshape(p * p * c, self.features), bias)
+    return y.reshape(b, h, w, self.features)
+
+
 def _project(x2d, kernel, bias):
   """(M, K) @ DenseGeneral kernel (K as one or more leading axes, ...) +
   bias -> (M, prod(...)): one plain 2-D GEMM, no transposes around it."""
