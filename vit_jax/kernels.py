@@ -105,6 +105,56 @@ def materialized_transpose(x):
 _dense_low.defvjp(_dense_low_fwd, _dense_low_bwd)
 
 
+@functools.partial(jax.custom_vjp, nondiff_argnums=(3, 4))
+def layer_norm(x, scale, bias, eps, out_dtype):
+  """LayerNorm over the last axis: ``(x - mean) / sqrt(var + eps) * scale
+  + bias``, statistics in float32 (as flax's ``nn.LayerNorm``), returned in
+  ``out_dtype``; ``scale`` / ``bias`` may be None.
+
+  One custom-VJP op: the backward pass is the closed form
+  ``dx = rstd * (g' - mean(g') - xhat * mean(g' * xhat))`` with
+  ``g' = g * scale``, from the saved input and per-row statistics, instead
+  of autodiff through the mean and variance (several more passes over the
+  activations and broadcast temporaries on XLA:CPU; bench/README.md).
+  """
+  return _layer_norm_fwd(x, scale, bias, eps, out_dtype)[0]
+
+
+def _layer_norm_fwd(x, scale, bias, eps, out_dtype):
+  # One pass for both moments, var = E[x^2] - E[x]^2, as flax's LayerNorm
+  # (use_fast_variance) computes it.
+  xf = x.astype(jnp.float32)
+  mean = jnp.mean(xf, axis=-1, keepdims=True)
+  var = jnp.maximum(jnp.mean(xf * xf, axis=-1, keepdims=True) - mean * mean,
+                    0.0)
+  rstd = lax.rsqrt(var + eps)
+  y = (xf - mean) * rstd
+  if scale is not None:
+    y = y * scale.astype(jnp.float32)
+  if bias is not None:
+    y = y + bias.astype(jnp.float32)
+  return y.astype(out_dtype), (x, scale, bias, mean, rstd)
+
+
+def _layer_norm_bwd(eps, out_dtype, res, g):
+  del eps, out_dtype
+  x, scale, bias, mean, rstd = res
+  f32 = jnp.float32
+  gf = g.astype(f32)
+  xhat = (x.astype(f32) - mean) * rstd
+  rows = tuple(range(x.ndim - 1))
+  dscale = None if scale is None else jnp.sum(gf * xhat, axis=rows).astype(
+      scale.dtype)
+  dbias = None if bias is None else jnp.sum(gf, axis=rows).astype(bias.dtype)
+  gs = gf if scale is None else gf * scale.astype(f32)
+  dx = rstd * (gs - jnp.mean(gs, axis=-1, keepdims=True)
+               - xhat * jnp.mean(gs * xhat, axis=-1, keepdims=True))
+  return dx.astype(x.dtype), dscale, dbias
+
+
+layer_norm.defvjp(_layer_norm_fwd, _layer_norm_bwd)
+
+
 def head_major(x):
   """(B, N, H, hd) -> (B, H, N, hd): batch and head lead, so every
   attention product is a plain batched row-major GEMM on XLA:CPU."""

@@ -84,6 +84,29 @@ def _drop_path(module: nn.Module, x, rate, deterministic: bool):
 # --------------------------------------------------------------------------- #
 
 
+class LayerNorm(nn.Module):
+  """``nn.LayerNorm``'s parameters (``scale``, ``bias``), initialisers and
+  function (float32 statistics, output in ``dtype``), computed by
+  :func:`vit_jax.kernels.layer_norm` (a closed-form backward pass)."""
+
+  epsilon: float = 1e-6
+  dtype: Optional[Dtype] = None
+  param_dtype: Dtype = jnp.float32
+  use_bias: bool = True
+  use_scale: bool = True
+
+  @nn.compact
+  def __call__(self, x):
+    d = x.shape[-1]
+    scale = (self.param("scale", nn.initializers.ones_init(), (d,),
+                        self.param_dtype) if self.use_scale else None)
+    bias = (self.param("bias", nn.initializers.zeros_init(), (d,),
+                       self.param_dtype) if self.use_bias else None)
+    out_dtype = self.dtype or jnp.result_type(x.dtype, self.param_dtype)
+    return kernels.layer_norm(x, scale, bias, self.epsilon,
+                              jnp.dtype(out_dtype))
+
+
 class _Projection(nn.Module):
   """Holds a DenseGeneral-shaped kernel and bias (names as linen's)."""
 
@@ -312,7 +335,7 @@ class Encoder1DBlock(nn.Module):
 
   @nn.compact
   def __call__(self, inputs, drop_path_rate=0.0):
-    ln = functools.partial(nn.LayerNorm, epsilon=self.layer_norm_eps,
+    ln = functools.partial(LayerNorm, epsilon=self.layer_norm_eps,
                            dtype=self.dtype, param_dtype=self.param_dtype)
     drop_path = (
         lambda y: _drop_path(self, y, drop_path_rate, self.deterministic)
@@ -363,7 +386,7 @@ class MAPHead(nn.Module):
         num_heads=self.num_heads, dtype=self.dtype,
         param_dtype=self.param_dtype,
         attention_impl=self.attention_impl)(probe, x)
-    y = nn.LayerNorm(epsilon=self.layer_norm_eps, dtype=self.dtype,
+    y = LayerNorm(epsilon=self.layer_norm_eps, dtype=self.dtype,
                      param_dtype=self.param_dtype)(x)
     x = x + MlpBlock(mlp_dim=self.mlp_dim, dtype=self.dtype,
                      param_dtype=self.param_dtype, act=self.act)(y)
@@ -524,7 +547,7 @@ class Encoder(nn.Module):
         x = jnp.concatenate([prefix.astype(x.dtype), x], axis=1)
       x = pos(x)
     x = nn.Dropout(self.dropout_rate)(x, deterministic=not train)
-    ln = functools.partial(nn.LayerNorm, epsilon=self.layer_norm_eps,
+    ln = functools.partial(LayerNorm, epsilon=self.layer_norm_eps,
                            dtype=self.dtype, param_dtype=self.param_dtype)
     if self.pre_norm:  # CLIP's ln_pre
       x = ln(name="pre_norm")(x)

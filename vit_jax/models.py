@@ -56,8 +56,8 @@ import jax.numpy as jnp
 import numpy as np
 
 from vit_jax.layers import (  # noqa: F401  (re-exported building blocks)
-    LN_EPS, AddPositionEmbs, Encoder, Encoder1DBlock, MAPHead, MlpBlock,
-    MultiHeadDotProductAttention, PatchEmbed, activation)
+    LN_EPS, AddPositionEmbs, Encoder, Encoder1DBlock, LayerNorm, MAPHead,
+    MlpBlock, MultiHeadDotProductAttention, PatchEmbed, activation)
 
 Array = Any
 Dtype = Any
@@ -305,7 +305,7 @@ class VisionTransformer(nn.Module):
   # ----------------------------------------------------------------- layers
   def setup(self):
     self._check_config()
-    ln = functools.partial(nn.LayerNorm, epsilon=self.layer_norm_eps,
+    ln = functools.partial(LayerNorm, epsilon=self.layer_norm_eps,
                            dtype=self.dtype, param_dtype=self.param_dtype)
     if self.conv_stem:
       self.stem_convs = [
