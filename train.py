@@ -19,11 +19,14 @@ or ``--distributed`` where a cluster environment (SLURM, TPU pods...) lets
 gloo collectives.
 """
 
+import difflib
 import sys
 import traceback
 
 from absl import app, flags, logging
-from ml_collections import config_flags
+from ml_collections import config_dict, config_flags
+
+from vit_jax import console, multihost
 
 _CONFIG = config_flags.DEFINE_config_file(
     "config", None, "Training config: configs/<recipe>.py[:arg].",
@@ -49,6 +52,68 @@ _TRACEBACK = flags.DEFINE_bool(
 flags.mark_flags_as_required(["config", "workdir"])
 
 
+def _fields(config, prefix=""):
+  """Every field of a ConfigDict, nested ones as 'model.dtype'."""
+  out = []
+  for k in sorted(config.keys()):
+    v = config[k]
+    if isinstance(v, config_dict.ConfigDict):
+      out += _fields(v, f"{prefix}{k}.")
+    else:
+      out.append(prefix + k)
+  return out
+
+
+def _unknown_field(argv):
+  """(the first ``--config.x`` override naming no field, the config file,
+  its fields), or None."""
+  files = [a.split("=", 1)[1] for a in argv if a.startswith("--config=")]
+  files += [argv[i + 1] for i, a in enumerate(argv[:-1]) if a == "--config"]
+  if not files:
+    return None
+  fv = flags.FlagValues()
+  config_flags.DEFINE_config_file("config", flag_values=fv, sys_argv=argv[:1])
+  try:
+    fv([argv[0], f"--config={files[-1]}"])
+    config = fv.config
+  except Exception:  # pylint: disable=broad-except
+    return None  # the file itself fails to load: main() says so
+  names = _fields(config)
+  for a in argv:
+    if not a.startswith("--config."):
+      continue
+    path = a[len("--config."):].split("=", 1)[0].split("[", 1)[0]
+    node = config
+    for part in path.split("."):
+      if not isinstance(node, config_dict.ConfigDict) or part not in node:
+        return path, files[-1].split(":", 1)[0], names
+      node = node[part]
+  return None
+
+
+def _parse_flags(argv):
+  """absl's flag parsing, with every error as one ``train.py: error:`` line
+  (a misspelt ``--config.field`` with the fields it could have meant)."""
+  try:
+    return flags.FLAGS(argv)
+  except (flags.Error, AttributeError, KeyError) as e:
+    unknown = None if isinstance(e, flags.Error) else _unknown_field(argv)
+    if unknown is None:
+      msg = " ".join(str(e).split())
+      hint = " (train.py --helpshort lists the flags)"
+    else:
+      name, path, names = unknown
+      close = difflib.get_close_matches(name, names, n=3, cutoff=0.6)
+      close += [n for n in names if n.rsplit(".", 1)[-1] == name and
+                n not in close]
+      msg = f"unknown config field {name!r}"
+      hint = (f" (did you mean {' or '.join(repr(c) for c in close)}?)"
+              if close else "")
+      hint += f"; the fields of {path} are: {', '.join(names)}"
+    print(f"train.py: error: {msg}{hint}", file=sys.stderr, flush=True)
+    sys.exit(2)
+
+
 def _init_distributed():
   import jax  # pylint: disable=import-outside-toplevel
 
@@ -68,15 +133,37 @@ def _init_distributed():
                      f"[0, {_NUM_PROCESSES.value}).")
   # Several CPU processes exchange gradients through gloo.
   jax.config.update("jax_cpu_collectives_implementation", "gloo")
-  jax.distributed.initialize(
-      coordinator_address=_COORDINATOR.value,
-      num_processes=_NUM_PROCESSES.value, process_id=_PROCESS_ID.value,
-      initialization_timeout=_INIT_TIMEOUT.value)
+  # SIGTERM stops every process at one step through vit_jax.multihost, not
+  # JAX's preemption service (whose sync point Orbax's commit thread moves).
+  jax.config.update("jax_enable_preemption_service", False)
+  peer_timeout = int(_CONFIG.value.get("peer_timeout_seconds", 300))
+  limits = {} if peer_timeout <= 0 else dict(  # <= 0: JAX's defaults
+      heartbeat_timeout_seconds=peer_timeout + 60,
+      shutdown_timeout_seconds=peer_timeout)
+  waits = multihost.Waits(
+      _INIT_TIMEOUT.value, process_index=_PROCESS_ID.value,
+      process_count=_NUM_PROCESSES.value, limit="--distributed_timeout")
+  with waits.waiting(f"every process to join the coordinator at "
+                     f"{_COORDINATOR.value or '(from the cluster)'}"):
+    # JAX's own limits lie beyond ours, so ours speak first: a dead peer
+    # (heartbeats) or a process that never joins ends with our message.
+    jax.distributed.initialize(
+        coordinator_address=_COORDINATOR.value,
+        num_processes=_NUM_PROCESSES.value, process_id=_PROCESS_ID.value,
+        initialization_timeout=_INIT_TIMEOUT.value + 30, **limits)
+  waits.close()
 
 
 def main(argv):
   if len(argv) > 1:
     raise app.UsageError(f"Unexpected arguments: {argv[1:]}")
+  try:
+    _CONFIG.value.get("init_weights")  # ml_collections loads it lazily
+  except OSError as e:  # a missing or unreadable config file
+    why = " ".join(str(e.__cause__ or e).split())
+    print(f"train.py: error: cannot load the --config file: {why}",
+          file=sys.stderr, flush=True)
+    sys.exit(2)
   if not flags.FLAGS["verbosity"].present:  # Orbax logs every save at INFO
     logging.set_verbosity(logging.WARNING)
   if _CONFIG.value.init_weights:
@@ -84,16 +171,17 @@ def main(argv):
     # TensorFlow: the other order crashes the process.
     import torch  # noqa: F401  pylint: disable=import-outside-toplevel,unused-import
     import torchvision  # noqa: F401  pylint: disable=import-outside-toplevel,unused-import
-  from vit_jax import input_pipeline  # pylint: disable=import-outside-toplevel
+  from vit_jax import checkpoint, input_pipeline  # pylint: disable=import-outside-toplevel
 
   user_errors = (ValueError, FileNotFoundError, FloatingPointError,
-                 input_pipeline.DatasetNotPreparedError)
+                 input_pipeline.DatasetNotPreparedError,
+                 checkpoint.CheckpointSaveError)
   try:
     _init_distributed()
     import tensorflow as tf  # pylint: disable=import-outside-toplevel
     tf.config.set_visible_devices([], "GPU")  # tf.data only; JAX owns GPUs
-    from vit_jax import train_lib  # pylint: disable=import-outside-toplevel
-    train_lib.train_and_evaluate(_CONFIG.value, _WORKDIR.value)
+    from vit_jax import train_loop  # pylint: disable=import-outside-toplevel
+    train_loop.train_and_evaluate(_CONFIG.value, _WORKDIR.value)
   except user_errors as e:
     if _TRACEBACK.value:
       traceback.print_exc()
@@ -103,4 +191,6 @@ def main(argv):
 
 
 if __name__ == "__main__":
-  app.run(main)
+  multihost.install_sigterm_handler()  # a notice during start-up counts too
+  console.quiet_native_logs()
+  app.run(main, flags_parser=_parse_flags)

@@ -28,6 +28,7 @@ if __package__ in (None, ""):
 from bench import flops as flops_lib  # noqa: E402
 from bench import harness  # noqa: E402
 from bench import machine  # noqa: E402
+from vit_jax import console  # noqa: E402
 
 
 def parse_config(text: str) -> harness.Contestant:
@@ -94,6 +95,7 @@ def format_table(res, reference: str, rounds: int) -> str:
 
 
 def main(argv=None):
+  console.quiet_native_logs()
   p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
   p.add_argument("--model", default="vit_b_16")
   p.add_argument("--mode", choices=("infer", "train"), default="infer")

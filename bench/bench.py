@@ -39,6 +39,7 @@ if __package__ in (None, ""):  # `python bench/bench.py`
 from bench import flops as flops_lib  # noqa: E402
 from bench import harness  # noqa: E402
 from bench import machine  # noqa: E402
+from vit_jax import console  # noqa: E402
 
 
 def _parse_overrides(items):
@@ -226,6 +227,7 @@ def format_table(rec: dict) -> str:
 
 
 def main(argv=None):
+  console.quiet_native_logs()
   args = build_parser().parse_args(argv)
   workload = harness.Workload(
       name=args.model, mode=args.mode, dtype=args.dtype, batch=args.batch,

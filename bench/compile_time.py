@@ -27,7 +27,7 @@ import jax  # noqa: E402
 
 from bench import machine  # noqa: E402
 from bench import steps  # noqa: E402
-from vit_jax import models  # noqa: E402
+from vit_jax import console, models  # noqa: E402
 
 
 def measure(name, depth, scan, batch, image_size, remat=None):
@@ -45,6 +45,7 @@ def measure(name, depth, scan, batch, image_size, remat=None):
 
 
 def main(argv=None):
+  console.quiet_native_logs()
   p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
   p.add_argument("--model", default="vit_b_16")
   p.add_argument("--depth", type=int, nargs="+", default=[1, 2, 4, 8, 12, 24])

@@ -27,7 +27,7 @@ import jax  # noqa: E402
 
 from bench import machine  # noqa: E402
 from bench import steps  # noqa: E402
-from vit_jax import models  # noqa: E402
+from vit_jax import console, models  # noqa: E402
 
 MiB = 2 ** 20
 
@@ -46,6 +46,7 @@ def measure(name, batch, image_size, remat, scan=True, dtype="float32"):
 
 
 def main(argv=None):
+  console.quiet_native_logs()
   p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
   p.add_argument("--model", default="vit_b_16")
   p.add_argument("--image-size", type=int, default=224)

@@ -32,7 +32,7 @@ if __package__ in (None, ""):
 from bench import flops as flops_lib  # noqa: E402
 from bench import harness  # noqa: E402
 from bench import machine  # noqa: E402
-from vit_jax import models  # noqa: E402
+from vit_jax import console, models  # noqa: E402
 
 SWEEPS = {
     "batch": [dict(name="vit_b_16", batch=b, image_size=224)
@@ -173,6 +173,7 @@ def plot(results, path, mode, dtype):
 
 
 def main(argv=None):
+  console.quiet_native_logs()
   p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
   p.add_argument("--sweep", nargs="+", choices=sorted(SWEEPS),
                  default=["batch", "resolution", "model"])

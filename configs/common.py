@@ -94,12 +94,24 @@ def get_config() -> ml_collections.ConfigDict:
   # over it (1 = pure data parallel, -1 = all devices).
   c.fsdp = 1
 
+  # ---------------------------------------------------------------- processes
+  # Seconds one process waits for the others at any one point (a step's
+  # all-reduce, evaluation, a checkpoint's barriers or commit, start-up,
+  # exit) before it stops with an error naming the step and what it waited
+  # for (0: no limit). It must cover the spread of compile and data start-up
+  # times between processes.
+  c.peer_timeout_seconds = 300
+
   # ---------------------------------------------------------------- logging
   c.log_every = 50
   c.eval_every = 1000
   c.checkpoint_every = 1000
   c.keep_checkpoints = 3
   c.async_checkpointing = True
+  # None: resume from the newest intact checkpoint in the workdir (damaged
+  # ones are set aside); N: from step N (newer ones are set aside); 0: start
+  # afresh (every checkpoint is set aside, in <workdir>/checkpoints.set_aside).
+  c.resume_from_step = config_dict.placeholder(int)
   c.write_plots = True
   c.tensorboard = True
   return c

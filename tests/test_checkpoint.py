@@ -1,7 +1,11 @@
-"""Checkpoint manager round trips, half-written checkpoints, and the errors
-of load_for_inference. (Loading real training runs: test_train.py.)"""
+"""Checkpoint manager round trips, half-written checkpoints, the errors of
+load_for_inference; in training runs, damaged checkpoints (set aside, the run
+resumes from the newest intact one or config.resume_from_step) and a full
+disk. (Loading real training runs: test_train.py.)"""
 
 import os
+import re
+import shutil
 
 import jax
 import jax.numpy as jnp
@@ -82,3 +86,142 @@ def test_resolve_checkpoint_paths(tmp_path):
   assert checkpoint.resolve_checkpoint(str(ck)) == (str(ck), None)
   assert checkpoint.resolve_checkpoint(str(ck / "12")) == (str(ck), 12)
   assert os.path.isdir(ck)
+
+
+# --------------------------------------------------------------------------- #
+# Training runs: damaged checkpoints, resume_from_step, a full disk.
+# --------------------------------------------------------------------------- #
+
+
+def _train(workdir, **kw):
+  from train_helpers import tiny_config  # pylint: disable=import-outside-toplevel
+  from vit_jax import train_lib  # pylint: disable=import-outside-toplevel
+  cfg = tiny_config(**dict(dict(total_steps=9, checkpoint_every=3,
+                              keep_checkpoints=3), **kw))
+  return train_lib.train_and_evaluate(cfg, str(workdir),
+                                      devices=jax.devices()[:1])
+
+
+def _damage(step_dir):
+  """What a crashed disk can leave: every file there, truncated."""
+  for root, _, files in os.walk(step_dir):
+    for f in files:
+      open(os.path.join(root, f), "w").close()
+
+
+def test_a_damaged_checkpoint_is_set_aside_and_the_run_resumes_before_it(
+    tmp_path, capfd):
+  from train_helpers import metric_rows, start_rows  # pylint: disable=import-outside-toplevel
+  _train(tmp_path)
+  expected = metric_rows(tmp_path)
+  ck = tmp_path / "checkpoints"
+  shutil.rmtree(ck / "9")  # as if killed after step 8; then 6 is damaged
+  _damage(ck / "6")
+  capfd.readouterr()
+  out = _train(tmp_path)
+  err = capfd.readouterr().err
+  assert out["step"] == 9
+  assert re.search(r"warning: checkpoint step 6 in \S+ is damaged: \S+ is "
+                   r"empty \(0 bytes\)", err), err
+  assert "Resuming from step 3 (the newest intact one)" in err, err
+  assert "--config.resume_from_step=N" in err
+  aside = tmp_path / "checkpoints.set_aside"
+  assert sorted(os.listdir(aside)) == ["6-damaged"]
+  assert [r["resumed_from_step"] for r in start_rows(tmp_path)] == [None, 3]
+  assert metric_rows(tmp_path) == expected  # an exact resume from step 3
+
+  # --config.resume_from_step: another step (newer ones set aside), a step
+  # that is not there, a damaged one, and 0 (start afresh).
+  _train(tmp_path, resume_from_step=3)
+  assert sorted(os.listdir(aside)) == ["6-damaged", "6-newer-than-3",
+                                       "9-newer-than-3"]
+  assert start_rows(tmp_path)[-1]["resumed_from_step"] == 3
+  assert metric_rows(tmp_path) == expected
+  with pytest.raises(ValueError, match=r"resume_from_step=5: there is no "
+                     r"complete checkpoint of step 5 .* complete steps: "
+                     r"\[3, 6, 9\]"):
+    _train(tmp_path, resume_from_step=5)
+  _damage(ck / "6")
+  with pytest.raises(checkpoint.DamagedCheckpointError,
+                     match=r"step 6 .* \(config.resume_from_step\) is "
+                     r"damaged: \S+ is empty"):
+    _train(tmp_path, resume_from_step=6)
+  _train(tmp_path, resume_from_step=0)
+  assert start_rows(tmp_path)[-1]["resumed_from_step"] is None
+  assert sorted(os.listdir(ck)) == ["3", "6", "9"]  # written afresh
+  assert "3-before-a-fresh-start" in os.listdir(aside)
+
+
+def test_every_checkpoint_damaged_is_an_error_that_says_how_to_go_on(
+    tmp_path):
+  _train(tmp_path, total_steps=3)
+  _damage(tmp_path / "checkpoints" / "3")
+  with pytest.raises(checkpoint.DamagedCheckpointError,
+                     match=r"Every checkpoint .* is damaged .* "
+                     r"--config.resume_from_step=0"):
+    _train(tmp_path)
+
+
+_DISK_SCRIPT = r"""
+set -e
+mount -t tmpfs -o size={size} tmpfs {disk}
+set +e
+{cmd} > {out}/stdout.txt 2> {out}/stderr.txt
+echo $? > {out}/rc.txt
+cp -a {disk}/run {out}/run
+"""
+
+
+def _on_a_small_disk(tmp_path, name, size, overrides):
+  """Runs train.py with its workdir on a ``size`` tmpfs (in a user and mount
+  namespace: no root needed where user namespaces are allowed); returns
+  (return code, stderr, a copy of the workdir)."""
+  import shlex  # pylint: disable=import-outside-toplevel
+  import subprocess  # pylint: disable=import-outside-toplevel
+
+  from train_helpers import REPO, env, tiny_overrides, train_cmd  # pylint: disable=import-outside-toplevel
+  if shutil.which("unshare") is None:
+    pytest.skip("needs util-linux's unshare to mount a small tmpfs")
+  disk, out = tmp_path / f"{name}_disk", tmp_path / name
+  disk.mkdir()
+  out.mkdir()
+  cmd = " ".join(shlex.quote(a) for a in train_cmd(
+      str(disk / "run"), tiny_overrides(**overrides)))
+  script = _DISK_SCRIPT.format(size=size, disk=disk, out=out, cmd=cmd)
+  p = subprocess.run(["unshare", "--user", "--map-root-user", "--mount", "sh",
+                      "-c", script], cwd=REPO, env=env(), capture_output=True,
+                     text=True, timeout=300)
+  if p.returncode != 0 or not (out / "rc.txt").exists():
+    pytest.skip(f"cannot mount a tmpfs in a user namespace here: {p.stderr}")
+  return (int((out / "rc.txt").read_text()),
+          (out / "stderr.txt").read_text(), out / "run")
+
+
+def test_a_full_disk_names_the_step_the_space_and_the_intact_checkpoint(
+    tmp_path):
+  o = dict(total_steps=9, checkpoint_every=3, keep_checkpoints=3)
+  # Room for two checkpoints (about 0.3 MB each here), not a third.
+  rc, err, run = _on_a_small_disk(tmp_path, "two_fit", "760k", o)
+  assert rc == 1, err
+  m = re.search(r"train.py: error: CheckpointSaveError: Could not save the "
+                r"checkpoint of step (\d+) in (\S+)/checkpoints: \S+ has "
+                r"([\d.]+ [KM]B) free and a checkpoint of this run takes about "
+                r"([\d.]+ [KM]B) \(the size of checkpoint (\d+)\)\. The "
+                r"previous checkpoint \(step (\d+)\) is intact", err)
+  assert m, err
+  failed, prev = int(m.group(1)), int(m.group(6))
+  assert failed > prev == int(m.group(5))
+  assert "RESOURCE_EXHAUSTED" not in err and "Traceback" not in err
+  _, variables, info = checkpoint.load_for_inference(str(run))
+  assert info["step"] == prev and set(variables) == {"params"}
+
+  # The first checkpoint does not fit (Orbax runs out of space writing it):
+  # the error says there is none to resume from.
+  rc, err, run = _on_a_small_disk(tmp_path, "none_fit", "200k", o)
+  assert rc == 1, err
+  assert re.search(r"train.py: error: CheckpointSaveError: Could not save the "
+                   r"checkpoint of step 3 in \S+: no space left on device "
+                   r"\(\d+ KB free; a checkpoint of this run takes about \d+ "
+                   r"KB \(the size of its arrays\) plus its metadata\)\. There "
+                   r"is no earlier checkpoint", err), err
+  assert "RESOURCE_EXHAUSTED" not in err and "Traceback" not in err

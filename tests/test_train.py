@@ -184,6 +184,11 @@ def test_nan_loss_stops_and_keeps_the_last_good_checkpoint(tmp_path):
   _, variables, info = checkpoint.load_for_inference(str(tmp_path))
   assert info["step"] == 3
   assert all(np.all(np.isfinite(x)) for x in jax.tree_util.tree_leaves(variables))
+  # Diverging before the first checkpoint: there is none to point to.
+  with pytest.raises(FloatingPointError, match=r"ending at step 2\. Stopped "
+                     r"without saving; there is no checkpoint yet \(the first "
+                     r"would have been at step 3\)"):
+    _train(bad, tmp_path / "fresh")
 
 
 def test_config_errors():
@@ -214,11 +219,38 @@ def test_bad_config_values(tmp_path, field, value, match):
 
 
 def test_cli_errors(tmp_path):
-  """train.py: a misspelt override, and a dataset that is not prepared."""
+  """train.py: misspelt overrides, bad values, a missing config file, and a
+  dataset that is not prepared: one line each, no traceback."""
   o = tiny_overrides(total_steps=1)
   p = run(train_cmd(str(tmp_path / "a"), dict(o, learning_rat=0.1)),
           check=False, timeout=120)
-  assert p.returncode != 0 and "learning_rat" in p.stderr
+  assert p.returncode == 2 and p.stderr.count("\n") == 1, p.stderr
+  assert p.stderr.startswith(
+      "train.py: error: unknown config field 'learning_rat' (did you mean "
+      "'learning_rate'"), p.stderr
+  assert "; the fields of configs/digits.py are: async_checkpointing, b1, " in (
+      p.stderr)
+  assert ", model.hidden_size, " in p.stderr and ", pp.flip, " in p.stderr
+  p = run(train_cmd(str(tmp_path / "a"), {"nope": 1, "model.hiden_size": 8}),
+          check=False, timeout=120)
+  assert p.returncode == 2 and p.stderr.count("\n") == 1, p.stderr
+  assert p.stderr.startswith("train.py: error: unknown config field 'nope'; "
+                             "the fields of configs/digits.py are: ")
+  p = run(train_cmd(str(tmp_path / "a"), {"model.hiden_size": 8}),
+          check=False, timeout=120)
+  assert ("unknown config field 'model.hiden_size' (did you mean "
+          "'model.hidden_size'") in p.stderr
+  p = run(train_cmd(str(tmp_path / "a"), {"total_steps": "many"}),
+          check=False, timeout=120)
+  assert p.returncode == 2 and p.stderr.startswith(
+      "train.py: error: flag --config.total_steps=many: invalid literal for "
+      "int()"), p.stderr
+  p = run(train_cmd(str(tmp_path / "a"), {}, config="configs/nope.py"),
+          check=False, timeout=120)
+  assert p.returncode == 2 and p.stderr.startswith(
+      "train.py: error: cannot load the --config file: ") and (
+          "configs/nope.py" in p.stderr), p.stderr
+  assert "Traceback" not in p.stderr
   p = run(train_cmd(str(tmp_path / "b"), dict(o, dataset="cifar10",
                                               data_dir=str(tmp_path / "tfds"),
                                               download=False)),

@@ -7,8 +7,8 @@ r"""Top-1 / top-5 accuracy of a checkpoint on a tfds split.
 The data goes through the training pipeline's eval path
 (:func:`vit_jax.input_pipeline.eval_dataset`: resize the short side, center
 crop, normalise with the weights' mean/std; the last batch padded with
-``mask == 0`` examples) and the training eval step
-(:func:`vit_jax.train_lib.make_eval_step`), so every example of the split is
+``mask == 0`` examples) and training's eval step and loop
+(:func:`vit_jax.train_step.evaluate`), so every example of the split is
 counted exactly once. The resize/crop and mean/std are those of the weights
 (a run's own config; torchvision's 256 -> 224 and ImageNet statistics; 0.5 /
 0.5 for Google and timm weights). Label indices must follow the dataset's
@@ -19,12 +19,11 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
 import time
 from typing import Optional, Sequence, Union
 
-from vit_jax import inference
+from vit_jax import console, inference
 
 
 def _eval_config(dataset: str, split: str, data_dir: Optional[str],
@@ -81,9 +80,8 @@ def evaluate(checkpoint: Union[str, inference.Loaded], *,
   the number of examples in the split), ``dataset``, ``split``, ``seconds``.
   """
   import jax  # pylint: disable=import-outside-toplevel
-  import numpy as np  # pylint: disable=import-outside-toplevel
 
-  from vit_jax import input_pipeline, train_lib  # pylint: disable=import-outside-toplevel
+  from vit_jax import input_pipeline, train_step  # pylint: disable=import-outside-toplevel
 
   loaded = (checkpoint if isinstance(checkpoint, inference.Loaded) else
             inference.load(checkpoint, model_name=model_name,
@@ -102,15 +100,11 @@ def evaluate(checkpoint: Union[str, inference.Loaded], *,
   ds, num_batches = input_pipeline.eval_dataset(
       config, src, local_batch=int(batch_size), process_index=0,
       process_count=1, mean=tuple(pre.mean), std=tuple(pre.std))
-  eval_step = jax.jit(train_lib.make_eval_step(loaded.model, num_classes))
-  params = loaded.variables["params"]
-  batch_stats = loaded.variables.get("batch_stats", {})
-  totals = dict(loss=0.0, correct=0.0, correct5=0.0, count=0.0)
+  eval_step = jax.jit(train_step.make_eval_step(loaded.model, num_classes))
   start = time.time()
-  for batch in input_pipeline.as_numpy(ds):
-    out = eval_step(params, batch_stats, batch)
-    for k in totals:
-      totals[k] += float(np.asarray(out[k]))
+  totals = train_step.evaluate(eval_step, loaded.variables["params"],
+                               loaded.variables.get("batch_stats", {}),
+                               input_pipeline.as_numpy(ds))
   count = int(round(totals["count"]))
   if count != src.num_eval:
     raise RuntimeError(f"Counted {count} examples, but {dataset}[{split}] has "
@@ -157,7 +151,7 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
-  os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+  console.quiet_native_logs()
   args = _parser().parse_args(argv)
   try:
     result = evaluate(args.checkpoint, dataset=args.dataset, split=args.split,

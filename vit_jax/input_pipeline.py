@@ -1,8 +1,9 @@
-"""Input pipeline: tfds datasets -> tf.data on the host -> numpy batches.
+"""Input pipeline: tfds datasets -> tf.data on the host -> global arrays.
 
 Every process reads its own slice of a split (``tfds.split_for_jax_process``)
-and yields *process-local* batches; :mod:`vit_jax.train_lib` turns them into
-global arrays with ``jax.make_array_from_process_local_data``.
+into *process-local* numpy batches; :func:`start_global` turns them into
+global arrays with ``jax.make_array_from_process_local_data``, the input of
+the jitted steps.
 
 Determinism (what makes resume exact): the training stream of a process is a
 function of ``(seed, process_index, step)`` only. Epoch ``e`` is the process's
@@ -424,3 +425,21 @@ def normalization(config, init_preprocessing=None):
 def as_numpy(ds: tf.data.Dataset):
   """Iterates a dataset as dicts of numpy arrays."""
   return ds.as_numpy_iterator()
+
+
+def start_global(ds: tf.data.Dataset, sharding):
+  """Iterates process-local batches as global ``jax.Array`` batches.
+
+  Args:
+    ds: this process's batches (:func:`train_dataset`, :func:`eval_dataset`).
+    sharding: where a global batch lives (the batch axis split over every
+      mesh axis, :func:`vit_jax.sharding.batch_sharding`); each process
+      supplies the rows of its own devices.
+
+  Yields:
+    Dicts of global arrays, ``process_count`` times the local batch.
+  """
+  import jax  # pylint: disable=import-outside-toplevel
+
+  for batch in as_numpy(ds):
+    yield jax.make_array_from_process_local_data(sharding, batch)

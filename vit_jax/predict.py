@@ -30,7 +30,7 @@ from typing import List, Optional, Sequence, Tuple, Union
 
 import numpy as np
 
-from vit_jax import inference
+from vit_jax import console, inference
 
 
 @dataclasses.dataclass
@@ -139,7 +139,7 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
-  os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+  console.quiet_native_logs()
   args = _parser().parse_args(argv)
   images = inference.expand_image_paths(args.images)
   failed = False

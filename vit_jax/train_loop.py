@@ -1,14 +1,25 @@
-"""The training loop: data -> jitted steps -> metrics, evals and checkpoints.
+"""The training loop, top to bottom: processes and mesh, input, model and
+jitted steps, train state (resumed or initial), then the loop of steps with
+its metrics, evaluations and checkpoints.
 
-    from vit_jax import train_lib
-    train_lib.train_and_evaluate(config, "/tmp/run")
+    from vit_jax import train_loop
+    train_loop.train_and_evaluate(config, "/tmp/run")
 
-Restarting with the same workdir resumes from the latest complete checkpoint
-and reproduces the uninterrupted run's numbers: data order, augmentation and
-dropout are functions of ``(seed, step)`` and the loss accumulators are part of
-the checkpoint. Rows of metrics.jsonl after the restored step (written by the
-killed run) are dropped, then a ``start`` row with the run's facts is added.
-SIGTERM saves a checkpoint at the current step and returns normally.
+Data flows one way: tfds -> tf.data on each host (:mod:`vit_jax.input_pipeline`)
+-> global arrays (``input_pipeline.start_global``) -> the jitted step
+(:mod:`vit_jax.train_step`, on the mesh of :mod:`vit_jax.sharding`) -> metrics
+(:mod:`vit_jax.metrics`) and checkpoints (:mod:`vit_jax.checkpoint`).
+
+Restarting with the same workdir resumes from the newest intact checkpoint
+(or ``config.resume_from_step``) and reproduces the uninterrupted run's
+numbers: data order, augmentation and dropout are functions of
+``(seed, step)`` and the loss accumulators are part of the checkpoint. Rows of
+metrics.jsonl after the restored step (written by the killed run) are
+dropped, then a ``start`` row with the run's facts is added.
+
+A SIGTERM to any process makes every process save a checkpoint after the
+same step and return normally; every wait for the other processes is bounded
+by ``config.peer_timeout_seconds`` (:mod:`vit_jax.multihost`).
 """
 
 from __future__ import annotations
@@ -16,68 +27,14 @@ from __future__ import annotations
 import json
 import math
 import os
-import signal
+import sys
 import time
 from typing import Any, Dict, Optional, Sequence
 
 import jax
-import numpy as np
 
-from vit_jax import checkpoint, input_pipeline, metrics, optim, train_lib
-
-
-class _Preemption:
-  """SIGTERM -> save a checkpoint and stop, at the same step on every process.
-
-  One process: a Python SIGTERM handler sets a flag checked once per step.
-  Several processes: JAX's preemption service (started by
-  ``jax.distributed.initialize``) catches SIGTERM on any of them and agrees
-  on a step (``multihost_utils.reached_preemption_sync_point``); without the
-  service, the processes all-gather their flags every step.
-  """
-
-  def __init__(self):
-    self.flag = False
-    self._old = None
-    self._service = False
-
-  def __enter__(self):
-    if jax.process_count() > 1:
-      from jax._src import distributed  # pylint: disable=import-outside-toplevel
-      self._service = (
-          distributed.global_state.preemption_sync_manager is not None)
-    if not self._service:
-      try:
-        self._old = signal.signal(signal.SIGTERM, self._handle)
-      except ValueError:  # not the main thread: no handler, never preempted
-        self._old = None
-    return self
-
-  def _handle(self, signum, frame):
-    del signum, frame
-    self.flag = True
-
-  def __exit__(self, *exc):
-    if self._old is not None:
-      signal.signal(signal.SIGTERM, self._old)
-
-  def requested(self, step: int) -> bool:
-    if jax.process_count() == 1:
-      return self.flag
-    from jax.experimental import multihost_utils  # pylint: disable=import-outside-toplevel
-    if self._service:
-      return bool(multihost_utils.reached_preemption_sync_point(step))
-    flags = multihost_utils.process_allgather(np.int32(self.flag))
-    return bool(np.any(flags))
-
-
-def _fetch(tree):
-  """Replicated (possibly multi-process) arrays -> host numpy."""
-  def get(x):
-    if isinstance(x, jax.Array) and not x.is_fully_addressable:
-      x = x.addressable_data(0)
-    return np.asarray(x)
-  return jax.tree_util.tree_map(get, tree)
+from vit_jax import (checkpoint, input_pipeline, metrics, multihost, optim,
+                     sharding, train_init, train_step)
 
 
 def validate_config(config, num_devices: int, num_processes: int):
@@ -133,17 +90,15 @@ def _facts(config, src, mesh, start, latest, model_name, n_params, mean, std):
       jax_version=jax.__version__, time=time.time())
 
 
-def evaluate(fns, state, eval_ds, sharding) -> Dict[str, float]:
-  """Sums of loss / correct / count over every (masked) eval example."""
-  sums = []
-  for batch in input_pipeline.as_numpy(eval_ds):
-    sums.append(fns.eval_step(state.params, state.batch_stats,
-                              train_lib.global_batch(batch, sharding)))
-  total = {k: 0.0 for k in ("loss", "correct", "correct5", "count")}
-  for s in _fetch(sums):
-    for k in total:
-      total[k] += float(s[k])
-  return total
+def _resume_hint(ckpt: checkpoint.CheckpointManager) -> str:
+  """What survives a stop: the last complete checkpoint (directory listing
+  only, safe from the watchdog thread)."""
+  steps = ckpt.complete_steps()
+  if not steps:
+    return f"There is no complete checkpoint in {ckpt.directory} yet."
+  return (f"The last complete checkpoint is step {steps[-1]} in "
+          f"{ckpt.directory}: start every process again with the same command "
+          f"to resume from it.")
 
 
 def train_and_evaluate(config, workdir: str, *,
@@ -162,36 +117,59 @@ def train_and_evaluate(config, workdir: str, *,
   """
   workdir = os.path.abspath(workdir)
   pidx, pcount = jax.process_index(), jax.process_count()
-  mesh = train_lib.make_mesh(devices, int(config.fsdp))
-  validate_config(config, mesh.size, pcount)
-  local_batch = int(config.batch_size) // pcount
-  local_eval_batch = int(config.eval_batch_size) // pcount
   total = int(config.total_steps)
 
+  # ---- Processes and mesh: one mesh over every device of every process.
+  mesh = sharding.make_mesh(devices, int(config.fsdp))
+  validate_config(config, mesh.size, pcount)
+  data_sh = sharding.batch_sharding(mesh)
+  ckpt_dir = os.path.join(workdir, "checkpoints")
+
+  # ---- Input: the dataset's metadata (each process reads its own slice).
   src = input_pipeline.get_source(config)
-  model_kw = train_lib.model_kwargs(config, src.num_classes)
-  model = train_lib.build_model(config.model_name, model_kw)
+
+  # ---- Model, optimizer, the train state's shape and shardings, steps.
+  model_kw = train_init.model_kwargs(config, src.num_classes)
+  model = train_init.build_model(config.model_name, model_kw)
   schedule = optim.make_schedule(config)
   tx = optim.make_optimizer(config, schedule)
-  abstract = train_lib.abstract_train_state(model, tx, int(config.image_size))
-  shardings = train_lib.state_shardings(abstract, mesh)
-  fns = train_lib.compile_steps(model, tx, config, mesh, abstract, shardings,
-                                src.num_classes)
-  data_sh = train_lib.batch_sharding(mesh)
+  abstract = train_step.abstract_train_state(model, tx, int(config.image_size))
+  shardings = sharding.state_shardings(abstract, mesh)
+  fns = train_step.compile_steps(model, tx, config, mesh, abstract, shardings,
+                                 src.num_classes)
 
-  ckpt = checkpoint.CheckpointManager(
-      os.path.join(workdir, "checkpoints"), keep=int(config.keep_checkpoints),
-      async_save=bool(config.async_checkpointing))
-  latest = ckpt.latest_step()
+  # ---- Train state: resumed from the newest intact checkpoint, or initial.
+  peer_timeout = float(config.get("peer_timeout_seconds", 300))
+  waits = multihost.Waits(peer_timeout,
+                          process_index=pidx, process_count=pcount)
+  with waits.waiting("the checkpoint directory to be opened (Orbax's barrier)"):
+    ckpt = checkpoint.CheckpointManager(
+        ckpt_dir, keep=int(config.keep_checkpoints),
+        async_save=bool(config.async_checkpointing),
+        timeout_s=peer_timeout)
+  waits.where = lambda: _resume_hint(ckpt)
+
+  def agree_on(step):
+    with waits.waiting("the checkpoint to resume from (every process looks)"):
+      multihost.agree(step, "the checkpoint step to resume from")
+
+  abstract_items = sharding.with_shardings(abstract, shardings).items()
+  latest, notes = ckpt.resume_step(abstract_items,
+                                   config.get("resume_from_step"),
+                                   primary=pidx == 0, sync=agree_on)
+  if pidx == 0:
+    for note in notes:
+      print(f"warning: {note}", file=sys.stderr, flush=True)
   if latest is not None:
-    items, saved = ckpt.restore(
-        latest, train_lib.with_shardings(abstract, shardings).items())
-    state = train_lib.TrainState.from_items(items)
+    with waits.waiting(f"checkpoint {latest} to be restored (Orbax's barriers)",
+                       latest):
+      items, saved = ckpt.restore(latest, abstract_items)
+    state = train_step.TrainState.from_items(items)
     mean, std = tuple(saved["mean"]), tuple(saved["std"])
     start = int(latest)
   else:
-    host_vars, init_pp = train_lib.init_variables(config, model,
-                                                  src.num_classes)
+    host_vars, init_pp = train_init.init_variables(config, model,
+                                                   src.num_classes)
     mean, std = input_pipeline.normalization(config, init_pp)
     if host_vars is None:
       state = fns.init_from_rng(jax.random.key(int(config.seed)))
@@ -199,14 +177,15 @@ def train_and_evaluate(config, workdir: str, *,
       want = {"params": abstract.params}
       if abstract.batch_stats:
         want["batch_stats"] = abstract.batch_stats
-      train_lib.check_tree(want, host_vars,
-                           f"Initial weights {config.init_weights!r}")
+      train_init.check_tree(want, host_vars,
+                            f"Initial weights {config.init_weights!r}")
       var_sh = {"params": shardings.params}
       if abstract.batch_stats:
         var_sh["batch_stats"] = shardings.batch_stats
-      state = fns.init_from_variables(train_lib.put_global(host_vars, var_sh))
+      state = fns.init_from_variables(sharding.put_global(host_vars, var_sh))
     start = 0
 
+  # ---- Outputs: config.json, metrics.jsonl (a start row), TensorBoard.
   config_dict = json.loads(json.dumps(config.to_dict(), default=str))
   meta = dict(model_name=config.model_name, model_kwargs=model_kw,
               image_size=int(config.image_size), mean=list(mean),
@@ -218,7 +197,7 @@ def train_and_evaluate(config, workdir: str, *,
     with open(os.path.join(workdir, "config.json"), "w") as f:
       json.dump(config_dict, f, indent=2, sort_keys=True)
   writer.truncate_after(start)
-  n_params = train_lib.num_params(abstract)
+  n_params = train_step.num_params(abstract)
   writer.write(start, **_facts(config, src, mesh, start, latest,
                                config.model_name, n_params, mean, std))
   writer.print(
@@ -228,37 +207,46 @@ def train_and_evaluate(config, workdir: str, *,
       f"process(es), batch {config.batch_size}, steps {start} -> {total}"
       + (f" (resumed from checkpoint {latest})" if latest is not None else ""))
 
+  # ---- Data from step `start`: tf.data -> global arrays.
   train_ds = input_pipeline.train_dataset(
-      config, src, local_batch=local_batch, start_step=start,
-      process_index=pidx, process_count=pcount, mean=mean, std=std)
+      config, src, local_batch=int(config.batch_size) // pcount,
+      start_step=start, process_index=pidx, process_count=pcount, mean=mean,
+      std=std)
   eval_ds, _ = input_pipeline.eval_dataset(
-      config, src, local_batch=local_eval_batch, process_index=pidx,
-      process_count=pcount, mean=mean, std=std)
-  train_iter = input_pipeline.as_numpy(train_ds)
+      config, src, local_batch=int(config.eval_batch_size) // pcount,
+      process_index=pidx, process_count=pcount, mean=mean, std=std)
+  batches = input_pipeline.start_global(train_ds, data_sh)
 
+  # ---- The loop.
   last_train: Dict[str, float] = {}
   last_eval: Dict[str, float] = {}
   saved_step = latest
   progress = metrics.Progress(start, total)
-  step = start
-  preempted = False
+  first_ckpt = (start // int(config.checkpoint_every) + 1) * int(
+      config.checkpoint_every)
 
   def check_finite(acc, upto):
     if int(acc["nonfinite"]) or not math.isfinite(float(acc["loss_sum"])):
-      ckpt.wait()
+      with waits.waiting("the last checkpoint's commit", upto):
+        ckpt.wait()
       good = ckpt.latest_step()
+      kept = (f"the last good checkpoint (step {good}) in {ckpt.directory} is "
+              f"intact" if good is not None else
+              f"there is no checkpoint yet (the first would have been at step "
+              f"{min(first_ckpt, total)}); a new run starts from step 0")
       raise FloatingPointError(
           f"Training diverged: non-finite loss or gradient (loss sum "
           f"{float(acc['loss_sum'])}) in the {int(acc['count'])} step(s) "
-          f"ending at step {upto}. Stopped without saving; the last good "
-          f"checkpoint (step {good}) in {ckpt.directory} is intact. Lower "
+          f"ending at step {upto}. Stopped without saving; {kept}. Lower "
           f"config.learning_rate, keep config.grad_clip_norm > 0, or check "
           f"the data.")
 
-  def do_eval():
+  def evaluate(step):
     progress.pause()
     t0 = time.perf_counter()
-    s = evaluate(fns, state, eval_ds, data_sh)
+    with waits.waiting("the evaluation's all-reduce", step):
+      s = train_step.evaluate(fns.eval_step, state.params, state.batch_stats,
+                              input_pipeline.start_global(eval_ds, data_sh))
     if int(round(s["count"])) != src.num_eval:
       raise RuntimeError(f"Evaluation counted {s['count']} examples, the "
                          f"split has {src.num_eval}.")
@@ -275,24 +263,34 @@ def train_and_evaluate(config, workdir: str, *,
     progress.resume()
     return row
 
-  with _Preemption() as preemption:
+  step, preempted, vote = start, False, None
+  with multihost.Preemption(data_sh) as preemption:
     while step < total:
-      batch = train_lib.global_batch(next(train_iter), data_sh)
-      state = fns.train_step(state, batch)
+      state, next_vote = fns.train_step(state, next(batches),
+                                        preemption.votes())
       step += 1
+      if vote is not None:
+        # Every process's SIGTERM vote, as of the previous step: the same
+        # value on every process, so all of them stop after this step.
+        with waits.waiting(f"step {step - 1} of the other processes (its "
+                           f"all-reduce)", step):
+          preempted = bool(sharding.to_host(vote))
+      vote = next_vote
       if step == start + 1 and step % int(config.log_every) and step < total:
         # Keep compilation out of img/s and the ETA.
-        jax.block_until_ready(state.step)
+        with waits.waiting("the first step of every process (compilation "
+                           "included)", step):
+          jax.block_until_ready(state.step)
         progress.restart(step)
       is_last = step == total
-      preempted = preemption.requested(step)
       # A preempted run saves its loss sums unlogged, so the resumed run logs
       # the very windows (and numbers) of an uninterrupted one.
       is_log = step % int(config.log_every) == 0 or is_last
       is_ckpt = (step % int(config.checkpoint_every) == 0 or is_last or
                  preempted)
       if is_log or is_ckpt:
-        acc = _fetch(state.acc)
+        with waits.waiting("the step's all-reduce (its metrics)", step):
+          acc = sharding.to_host(state.acc)
         check_finite(acc, step)
       if is_log and int(acc["count"]):
         rate, eta = progress.tick(step)
@@ -310,18 +308,23 @@ def train_and_evaluate(config, workdir: str, *,
         state = fns.reset_acc(state)
       if is_ckpt:
         progress.pause()
-        ckpt.save(step, state.items(), dict(meta, step=step))
+        with waits.waiting("the checkpoint's save to start (Orbax's barriers; "
+                           "the previous save's commit)", step):
+          ckpt.save(step, state.items(), dict(meta, step=step))
         saved_step = step
         progress.resume()
       if step % int(config.eval_every) == 0 or is_last:
-        last_eval = do_eval()
+        last_eval = evaluate(step)
       if preempted:
         writer.print(f"SIGTERM: saved a checkpoint at step {step} in "
                      f"{ckpt.directory}; exiting. Run the same command to "
                      f"resume.")
         break
 
-  ckpt.close()
+  with waits.waiting(f"checkpoint {saved_step}'s commit by every process",
+                     step):
+    ckpt.close()
+  waits.close()
   if pidx == 0 and config.write_plots:
     metrics.write_plots(workdir)
   writer.close()

@@ -37,7 +37,7 @@ from typing import List, Optional, Sequence
 
 import numpy as np
 
-from vit_jax import inference
+from vit_jax import console, inference
 
 
 # --------------------------------------------------------------------------- #
@@ -443,7 +443,7 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
-  os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+  console.quiet_native_logs()
   args = _parser().parse_args(argv)
   try:
     loaded = inference.load(args.checkpoint, model_name=args.model,

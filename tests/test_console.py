@@ -1,0 +1,91 @@
+"""A clean first screen: TensorFlow's native INFO lines never reach the user,
+warnings and errors (native or Python) always do; every CLI starts with our
+own lines."""
+
+import os
+import subprocess
+
+import train_helpers
+from train_helpers import PYTHON, REPO, tiny_overrides, train_cmd
+from vit_jax import console
+
+NOISE = [
+    b"WARNING: All log messages before absl::InitializeLog() is called are "
+    b"written to STDERR\n",
+    b"I0000 00:00:1795463825.599104    8158 port.cc:153] oneDNN custom "
+    b"operations are on. You may see slightly different numerical results\n",
+    b"I0000 00:00:1795463825.627419    8158 cpu_feature_guard.cc:227] This "
+    b"TensorFlow binary is optimized to use available CPU instructions\n",
+    b"To enable the following instructions: AVX2 AVX512F FMA, in other "
+    b"operations, rebuild TensorFlow with the appropriate compiler flags.\n",
+    b"I1123 19:57:10.591067    8194 tf_record_dataset_op.cc:396] The default "
+    b"buffer size is 262144\n",
+]
+KEPT = [
+    b"W0000 00:00:1795463946.827734    8435 cache_dataset_ops.cc:912] The "
+    b"calling iterator did not fully read the dataset being cached.\n",
+    b"E1123 20:16:57.223591   18332 coordination_service_agent.cc:289] Polled "
+    b"an error from coordination service\n",
+    b"WARNING:absl:Variant folder digits/1.0.0 has no dataset_info.json\n",
+    b"train.py: error: unknown config field 'nope'\n",
+]
+MARKERS = ("oneDNN custom operations", "cpu_feature_guard",
+           "absl::InitializeLog", "tf_record_dataset_op", "I0000 ")
+
+
+def test_noise_and_what_is_kept():
+  assert all(console.is_noise(line) for line in NOISE)
+  assert not any(console.is_noise(line) for line in KEPT)
+
+
+def test_filtered_block_replays_all_but_noise():
+  code = (
+      "import os, sys, warnings\n"
+      "from vit_jax import console\n"
+      "with console.native_stderr_filtered():\n"
+      f"  for line in {NOISE + KEPT!r}:\n"
+      "    os.write(2, line)\n"
+      "  warnings.warn_explicit('a Python warning', UserWarning, 'x.py', 1)\n"
+      "  print('a Python error line', file=sys.stderr)\n")
+  p = subprocess.run([PYTHON, "-c", code], cwd=REPO, capture_output=True,
+                     text=True, timeout=60)
+  assert p.returncode == 0, p.stderr
+  assert not any(m in p.stderr for m in MARKERS), p.stderr
+  for line in KEPT:
+    assert line.decode() in p.stderr
+  assert "x.py:1: UserWarning: a Python warning" in p.stderr
+  assert "a Python error line" in p.stderr
+
+
+def _quiet_env():
+  e = train_helpers.env()
+  e.pop("TF_CPP_MIN_LOG_LEVEL")  # what a user has: nothing set
+  return e
+
+
+def _run(cmd):
+  p = subprocess.run(cmd, cwd=REPO, env=_quiet_env(), capture_output=True,
+                     text=True, timeout=300)
+  assert p.returncode == 0, p.stderr[-3000:]
+  assert not any(m in p.stderr for m in MARKERS), p.stderr[:3000]
+  return p
+
+
+def test_every_cli_starts_with_our_own_lines(tmp_path):
+  run = tmp_path / "run"
+  p = _run(train_cmd(str(run), tiny_overrides(total_steps=2, log_every=1,
+                                              eval_every=2,
+                                              checkpoint_every=2)))
+  assert p.stdout.startswith("vit_ti_4 (10,698 params) on digits"), p.stdout
+  image = os.path.join(REPO, "docs", "images", "inputs",
+                       "digits_test13_label2.png")
+  p = _run([PYTHON, "-m", "vit_jax.evaluate", "--checkpoint", str(run)])
+  assert p.stdout.startswith("digits[test]: top-1 "), p.stdout
+  p = _run([PYTHON, "-m", "vit_jax.predict", "--checkpoint", str(run), image])
+  assert p.stdout.startswith(f"== {run}: vit_jax training checkpoint")
+  p = _run([PYTHON, "-m", "vit_jax.visualize", "--checkpoint", str(run),
+            "--out", str(tmp_path / "pictures"), image])
+  assert p.stdout.startswith(str(tmp_path / "pictures"))
+  for cmd in (["bench/bench.py", "--help"], ["bench/ab.py", "--help"]):
+    p = _run([PYTHON] + cmd)
+    assert p.stdout.startswith("usage: ") and p.stderr == ""

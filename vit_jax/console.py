@@ -1,0 +1,98 @@
+"""A clean first screen for the command-line tools.
+
+While its native libraries load, TensorFlow logs INFO lines to stderr (the
+oneDNN notice, the CPU feature guard, absl's "before InitializeLog" notice),
+whatever ``TF_CPP_MIN_LOG_LEVEL`` says; later INFO lines (tf_record buffer
+sizes, ...) obey it. :func:`quiet_native_logs`, called first by every CLI,
+sets ``TF_CPP_MIN_LOG_LEVEL=1`` (INFO off; warnings and errors kept) unless
+the user chose a level, and makes the first ``import tensorflow`` -- wherever
+it happens, so import order is unchanged -- run with file descriptor 2
+captured; what it wrote is then replayed without those INFO lines. Python
+warnings and errors, and native warnings and errors, are never dropped.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib.abc
+import importlib.machinery
+import os
+import re
+import sys
+import tempfile
+
+_INFO = re.compile(rb"^I\d{4} \d\d:\d\d:\d+\.\d+ +\d+ [\w./-]+:\d+\] ")
+_NOTICES = (
+    b"WARNING: All log messages before absl::InitializeLog() is called are "
+    b"written to STDERR",
+    b"To enable the following instructions: ",  # the CPU feature guard's 2nd
+)
+
+
+def is_noise(line: bytes) -> bool:
+  """A native INFO line (or one of the notices above)."""
+  return bool(_INFO.match(line)) or line.startswith(_NOTICES)
+
+
+@contextlib.contextmanager
+def native_stderr_filtered():
+  """Captures file descriptor 2 (native and Python writes alike) in the
+  block, then writes it back without :func:`is_noise` lines."""
+  sys.stderr.flush()
+  saved = os.dup(2)
+  with tempfile.TemporaryFile() as tmp:
+    os.dup2(tmp.fileno(), 2)
+    try:
+      yield
+    finally:
+      sys.stderr.flush()
+      os.dup2(saved, 2)
+      os.close(saved)
+      tmp.seek(0)
+      kept = b"".join(line for line in tmp if not is_noise(line))
+      if kept:
+        os.write(2, kept)
+
+
+class _QuietLoader(importlib.abc.Loader):
+  """Runs the wrapped loader's ``exec_module`` in
+  :func:`native_stderr_filtered`."""
+
+  def __init__(self, loader):
+    self._loader = loader
+
+  def create_module(self, spec):
+    return self._loader.create_module(spec)
+
+  def exec_module(self, module):
+    # Put the real loader back first: nothing should see this wrapper.
+    module.__loader__ = module.__spec__.loader = self._loader
+    with native_stderr_filtered():
+      self._loader.exec_module(module)
+
+
+class _FirstImport(importlib.abc.MetaPathFinder):
+  """Finds ``tensorflow`` once, with a :class:`_QuietLoader`."""
+
+  def find_spec(self, name, path=None, target=None):
+    del target
+    if name != "tensorflow":
+      return None
+    sys.meta_path.remove(self)
+    spec = importlib.machinery.PathFinder.find_spec(name, path)
+    if spec is not None and spec.loader is not None:
+      spec.loader = _QuietLoader(spec.loader)
+    return spec
+
+
+def quiet_native_logs():
+  """Native INFO lines off, the first screen our own (see the module doc).
+
+  Safe to call more than once; does nothing to an already imported
+  TensorFlow.
+  """
+  os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "1")
+  if "tensorflow" in sys.modules:
+    return
+  if not any(isinstance(f, _FirstImport) for f in sys.meta_path):
+    sys.meta_path.insert(0, _FirstImport())
