@@ -2,6 +2,7 @@
 hand-written backward) as jax.nn.dot_product_attention, and the bfloat16
 matmuls with float32 accumulation as plain ones."""
 
+import functools
 import re
 
 import flax.linen as nn
@@ -86,10 +87,12 @@ def test_sown_weights_and_attention_dropout_still_work():
   assert not np.allclose(a, b)
 
 
-# The kernel gradient transposes the narrower of x and g: both branches.
+# The kernel gradient transposes the narrower of x and g on CPU: both
+# branches; 'gpu' takes the plain-dot backward (it runs on any backend).
+@pytest.mark.parametrize("backend", ["cpu", "gpu"])
 @pytest.mark.parametrize("k_in, n_out", [(64, 32), (32, 64)])
 def test_low_precision_dense_accumulates_in_float32_forward_and_backward(
-    k_in, n_out):
+    k_in, n_out, backend):
   kx, kw, kb, kg = jax.random.split(jax.random.key(3), 4)
   x = jax.random.normal(kx, (2, 5, k_in), jnp.bfloat16)
   w = jax.random.normal(kw, (k_in, n_out), jnp.float32)  # float32 parameters
@@ -97,7 +100,7 @@ def test_low_precision_dense_accumulates_in_float32_forward_and_backward(
   g = jax.random.normal(kg, (2, 5, n_out), jnp.bfloat16)
   f32 = lambda t: t.astype(jnp.float32)
   w16 = f32(w.astype(jnp.bfloat16))  # what the bf16 GEMM sees
-  dense = kernels.dense
+  dense = functools.partial(kernels.dense, backend=backend)
   y, vjp = jax.vjp(dense, x, w, b)
   assert y.dtype == jnp.bfloat16
   np.testing.assert_allclose(f32(y), f32(x) @ w16 + b, rtol=1e-2, atol=3e-2)
@@ -175,6 +178,48 @@ def test_long_sequences_take_the_chunked_path_with_the_same_result():
 def test_attention_choice_per_backend(backend, dtype, head_dim, kw, want):
   """What each backend would run, asked on a CPU machine."""
   assert kernels.choose_attention(backend, dtype, head_dim, **kw) == want
+
+
+@pytest.mark.parametrize("backend, dtype, want", [
+    ("cpu", jnp.float32, "plain"),
+    ("cpu", jnp.bfloat16, "low_cpu"),
+    ("cpu", jnp.float16, "low_cpu"),
+    ("gpu", jnp.bfloat16, "low"),
+    ("cuda", jnp.float16, "low"),
+    ("tpu", jnp.bfloat16, "low"),
+    ("gpu", jnp.float32, "plain"),
+    ("tpu", jnp.float32, "plain"),
+])
+def test_dense_choice_per_backend(backend, dtype, want):
+  """Which dense form each backend would run, asked on a CPU machine."""
+  assert kernels.choose_dense(backend, dtype) == want
+
+
+def test_dense_backward_layout_per_backend():
+  """The CPU form materialises a transpose for the kernel gradient (XLA:CPU's
+  bf16 library takes only row-major GEMMs); the form for other backends
+  hands the transposed contraction to the dot and copies nothing. Both keep
+  every GEMM's operands bf16."""
+  x = jnp.zeros((2, 5, 32), jnp.bfloat16)
+  w, b = jnp.zeros((32, 64)), jnp.zeros((64,))
+
+  def grad_jaxpr(backend):
+    loss = lambda x, w, b: kernels.dense(x, w, b, backend=backend).astype(
+        jnp.float32).sum()
+    return jax.make_jaxpr(jax.grad(loss, argnums=(0, 1, 2)))(x, w, b)
+
+  def eqns(jaxpr):
+    for e in jaxpr.eqns:
+      yield e
+      for sub in jax.extend.core.jaxprs_in_params(e.params):
+        yield from eqns(sub)
+
+  for backend, transposes in (("cpu", 1), ("gpu", 0)):
+    found = list(eqns(grad_jaxpr(backend).jaxpr))
+    dots = [e for e in found if e.primitive.name == "dot_general"]
+    assert len(dots) == 3
+    assert all(v.aval.dtype == jnp.bfloat16 for e in dots for v in e.invars)
+    assert sum(e.primitive.name == "transpose" for e in found) == transposes
 
 
 def test_unknown_attention_impl_is_named():

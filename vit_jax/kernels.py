@@ -3,7 +3,9 @@
 * :func:`dense`: ``x @ kernel + bias`` with float32 accumulation (and
   float32 parameter gradients) for bfloat16/float16 inputs, as one
   custom-VJP op: XLA:CPU runs bf16 x bf16 -> f32 dots on its AVX512-BF16
-  path, about twice as fast as bf16 -> bf16.
+  path, about twice as fast as bf16 -> bf16. :func:`choose_dense` says which
+  form a backend gets (the CPU one lays its backward GEMMs out for XLA:CPU's
+  bf16 library).
 * :func:`attention`: softmax(q k^T * scale) v on head-major operands with a
   hand-written backward pass and, for long sequences, a chunked loop
   (flash-attention style memory). The fastest attention on XLA:CPU.
@@ -27,21 +29,51 @@ from jax import lax
 _LOW_PRECISION = (jnp.bfloat16, jnp.float16)
 
 
-def dense(x, kernel, bias=None, out_dtype=None):
+DENSE_IMPLS = ("plain", "low_cpu", "low")
+
+
+def choose_dense(backend: str, dtype) -> str:
+  """The dense-layer implementation for compute dtype ``dtype`` on
+  ``backend`` (``jax.default_backend()``: 'cpu', 'gpu', 'tpu', ...).
+
+  Returns:
+    ``'plain'`` for float32/float64: ``x @ kernel + bias`` and autodiff.
+    ``'low_cpu'`` for bfloat16/float16 on CPU: :func:`_dense_low` with its
+    backward GEMMs laid out for XLA:CPU's bf16 library (the input gradient
+    as one NT dot, the kernel gradient from a materialised transpose), so
+    that none is upcast to float32.
+    ``'low'`` for bfloat16/float16 elsewhere: the same custom VJP with
+    plain dot_generals (cuBLAS and the TPU take any operand layout; the
+    transposes would only be copies). Plain autodiff of a
+    ``preferred_element_type=float32`` dot is not enough there: its
+    backward multiplies the float32 cotangent by the bf16 operand (a mixed
+    GEMM that XLA runs in float32) and rounds the kernel gradient to bf16
+    before casting it to the float32 parameter's dtype; the custom VJP
+    keeps every GEMM bf16 x bf16 -> f32 and the parameter gradients
+    unrounded float32.
+  """
+  if jnp.dtype(dtype) not in (jnp.dtype(t) for t in _LOW_PRECISION):
+    return "plain"
+  return "low_cpu" if backend == "cpu" else "low"
+
+
+def dense(x, kernel, bias=None, out_dtype=None, backend=None):
   """x (..., K) @ kernel (K, N) + bias, computed in x's dtype, returned in
   ``out_dtype`` (default x's). Parameters may be float32 (their gradients
-  then are too). The float32 path is the plain one; see ``_dense_low``.
-  ``bias=None``: no bias."""
+  then are too). ``bias=None``: no bias. ``backend`` (default
+  ``jax.default_backend()``) picks the form through :func:`choose_dense`."""
   if bias is None:
     bias = jnp.zeros(kernel.shape[-1:], kernel.dtype)
-  if x.dtype in _LOW_PRECISION:
-    return _dense_low(x, kernel, bias, jnp.dtype(out_dtype or x.dtype))
+  impl = choose_dense(backend or jax.default_backend(), x.dtype)
+  if impl != "plain":
+    return _dense_low(x, kernel, bias, jnp.dtype(out_dtype or x.dtype),
+                      impl == "low_cpu")
   y = x @ kernel.astype(x.dtype) + bias.astype(x.dtype)
   return y if out_dtype is None else y.astype(out_dtype)
 
 
-@functools.partial(jax.custom_vjp, nondiff_argnums=(3,))
-def _dense_low(x, kernel, bias, out_dtype):
+@functools.partial(jax.custom_vjp, nondiff_argnums=(3, 4))
+def _dense_low(x, kernel, bias, out_dtype, cpu_layout):
   """``_dense`` for bfloat16/float16 x: every GEMM takes low-precision
   operands and accumulates into float32, bias added in float32.
 
@@ -51,17 +83,20 @@ def _dense_low(x, kernel, bias, out_dtype):
   bias gradient over the batch far more slowly than a float32 one
   (bench/README.md). So here the forward and both backward GEMMs accumulate
   in float32, the kernel and bias gradients stay float32 (no bf16 rounding of
-  parameter gradients), and the result is rounded once."""
-  return _dense_low_fwd(x, kernel, bias, out_dtype)[0]
+  parameter gradients), and the result is rounded once. ``cpu_layout``:
+  the backward GEMMs in the layouts XLA:CPU's bf16 library takes (see
+  :func:`choose_dense`)."""
+  return _dense_low_fwd(x, kernel, bias, out_dtype, cpu_layout)[0]
 
 
-def _dense_low_fwd(x, kernel, bias, out_dtype):
+def _dense_low_fwd(x, kernel, bias, out_dtype, cpu_layout):
+  del cpu_layout
   y = jnp.matmul(x, kernel.astype(x.dtype),
                  preferred_element_type=jnp.float32) + bias.astype(jnp.float32)
   return y.astype(out_dtype), (x, kernel, bias)
 
 
-def _dense_low_bwd(out_dtype, res, g):
+def _dense_low_bwd(out_dtype, cpu_layout, res, g):
   del out_dtype
   x, kernel, bias = res
   f32 = jnp.float32
@@ -76,7 +111,9 @@ def _dense_low_bwd(out_dtype, res, g):
   # not take, so XLA:CPU would upcast it to a float32 Eigen GEMM. One copy of
   # the smaller operand, transposed, makes it a plain row-major GEMM in bf16
   # (2-3x faster, transpose included; bench/README.md).
-  if x2.shape[1] <= g2.shape[1]:
+  if not cpu_layout:
+    dkernel = _dot(x2, g2, ((0,), (0,)))
+  elif x2.shape[1] <= g2.shape[1]:
     dkernel = _dot(materialized_transpose(x2), g2, ((1,), (0,)))
   else:
     dkernel = materialized_transpose(
