@@ -198,28 +198,6 @@ def head_major(x):
   return jnp.transpose(x, (0, 2, 1, 3))
 
 
-@jax.custom_vjp
-def qkv_head_major(qkv):
-  """(B, N, 3, H, hd) packed q/k/v (one GEMM's output) -> head-major q, k,
-  v (B, H, N, hd) each, through one transpose. The backward pass stacks
-  the three gradients and transposes them back in one go; indexing the
-  transposed array instead would make autodiff sum three zero-padded
-  arrays (a slow strided fusion on XLA:CPU)."""
-  t = jnp.transpose(qkv, (2, 0, 3, 1, 4))
-  return t[0], t[1], t[2]
-
-
-def _qkv_head_major_fwd(qkv):
-  return qkv_head_major(qkv), None
-
-
-def _qkv_head_major_bwd(_, grads):
-  return (jnp.transpose(jnp.stack(grads), (1, 3, 0, 2, 4)),)
-
-
-qkv_head_major.defvjp(_qkv_head_major_fwd, _qkv_head_major_bwd)
-
-
 def attention_weights(qh, kh, scale):
   """softmax(q k^T * scale) in float32, as jax.nn.dot_product_attention's
   XLA path computes it (float32 logits, scale applied to the logits)."""

@@ -236,34 +236,23 @@ class MultiHeadDotProductAttention(nn.Module):
            for name in ("query", "key", "value")]
     out_kernel, out_bias = _Projection((h, hd, d), (d,), self.param_dtype,
                                        name="out")()
+    # Three (B*N, D) x (D, D) GEMMs. One fused (D, 3D) GEMM would need the
+    # three kernels concatenated on every call (a copy of 3*D*D weights
+    # that costs more on CPU than it saves; measured in bench/README.md).
+    xq = inputs_q.astype(self.dtype).reshape(b * n, d)
+    xkv = xq if inputs_kv is inputs_q else inputs_kv.astype(
+        self.dtype).reshape(b * s, d)
+    q = _project(xq, *qkv[0]).reshape(b, n, h, hd)
+    k = _project(xkv, *qkv[1]).reshape(b, s, h, hd)
+    v = _project(xkv, *qkv[2]).reshape(b, s, h, hd)
+
     use_dropout = self.dropout_rate > 0.0 and not self.deterministic
     impl = kernels.choose_attention(
-        jax.default_backend(), self.dtype, hd, requested=self.attention_impl,
+        jax.default_backend(), q.dtype, hd, requested=self.attention_impl,
         dropout=use_dropout, sow_weights=self.sow_weights)
     scale = 1.0 / math.sqrt(hd)
-    head_major = impl in ("matmul", "weights")  # (B, H, N, hd) operands
-    xq = inputs_q.astype(self.dtype).reshape(b * n, d)
-    if inputs_kv is inputs_q:
-      # Self-attention: q, k and v as one (B*N, D) x (D, 3D) GEMM on the
-      # three kernels side by side, so the backward pass is one GEMM for
-      # the input gradient and one for the kernels' (bench/README.md).
-      kernel = jnp.concatenate([w.reshape(d, d) for w, _ in qkv], axis=1)
-      bias = (jnp.concatenate([bb.reshape(d) for _, bb in qkv])
-              if self.qkv_bias else None)
-      y = kernels.dense(xq, kernel, bias).reshape(b, n, 3, h, hd)
-      if head_major:
-        qh, kh, vh = kernels.qkv_head_major(y)
-      else:
-        q, k, v = y[:, :, 0], y[:, :, 1], y[:, :, 2]
-    else:
-      xkv = inputs_kv.astype(self.dtype).reshape(b * s, d)
-      q = _project(xq, *qkv[0]).reshape(b, n, h, hd)
-      k = _project(xkv, *qkv[1]).reshape(b, s, h, hd)
-      v = _project(xkv, *qkv[2]).reshape(b, s, h, hd)
-      if head_major:
-        qh, kh, vh = (kernels.head_major(t) for t in (q, k, v))
-
-    if head_major:
+    if impl in ("matmul", "weights"):
+      qh, kh, vh = (kernels.head_major(t) for t in (q, k, v))
       if impl == "weights":
         weights = kernels.attention_weights(qh, kh, scale).astype(self.dtype)
         if self.sow_weights:
