@@ -20,6 +20,7 @@ gloo collectives.
 """
 
 import difflib
+import os
 import sys
 import traceback
 
@@ -166,11 +167,6 @@ def main(argv):
     sys.exit(2)
   if not flags.FLAGS["verbosity"].present:  # Orbax logs every save at INFO
     logging.set_verbosity(logging.WARNING)
-  if _CONFIG.value.init_weights:
-    # torchvision (and the triton it imports) must be loaded before
-    # TensorFlow: the other order crashes the process.
-    import torch  # noqa: F401  pylint: disable=import-outside-toplevel,unused-import
-    import torchvision  # noqa: F401  pylint: disable=import-outside-toplevel,unused-import
   from vit_jax import checkpoint, input_pipeline  # pylint: disable=import-outside-toplevel
 
   user_errors = (ValueError, FileNotFoundError, FloatingPointError,
@@ -187,6 +183,13 @@ def main(argv):
       traceback.print_exc()
     print(f"train.py: error: {type(e).__name__}: {e}", file=sys.stderr,
           flush=True)
+    if isinstance(e, checkpoint.CheckpointSaveError):
+      # The checkpoint manager is closed; Orbax's writer threads that ran
+      # into the full disk can still be unwinding, and at interpreter
+      # teardown they print "Event loop is closed" tracebacks under the
+      # message above. Nothing is left to flush: leave without teardown.
+      sys.stdout.flush()
+      os._exit(1)  # pylint: disable=protected-access
     sys.exit(1)
 
 

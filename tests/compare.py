@@ -93,3 +93,21 @@ def tree_equal(a, b):
     assert np.asarray(fa[k]).dtype == np.asarray(fb[k]).dtype, k
     np.testing.assert_array_equal(np.asarray(fa[k]), np.asarray(fb[k]),
                                   err_msg=k)
+
+
+def random_timm(seed=0, num_classes=10, depth=3, name="vit_tiny_patch16_224",
+                size=64, **kw):
+  """timm's ``name`` (``depth`` blocks, ``size`` px) with random, perturbed
+  weights."""
+  import timm  # pylint: disable=import-outside-toplevel
+  import torch  # pylint: disable=import-outside-toplevel
+  torch.manual_seed(seed)
+  m = timm.create_model(name, pretrained=False, num_classes=num_classes,
+                        img_size=size, depth=depth, **kw)
+  return perturb_torch(m, seed)
+
+
+def timm_logits(m, x):
+  import torch  # pylint: disable=import-outside-toplevel
+  with torch.no_grad():
+    return m(torch_in(x)).numpy()

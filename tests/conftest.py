@@ -8,3 +8,20 @@ try:
   import torchvision  # noqa: F401
 except ImportError:  # the torch-free parts of the suite still run
   pass
+
+
+import pytest  # noqa: E402
+
+
+@pytest.fixture(scope="session")
+def digits_run(tmp_path_factory):
+  """One seconds-long training run on the bundled digits (``tiny_config()``,
+  an Orbax workdir), shared by every test that only reads it."""
+  import jax  # pylint: disable=import-outside-toplevel
+  from train_helpers import tiny_config  # pylint: disable=import-outside-toplevel
+  from vit_jax import train_lib  # pylint: disable=import-outside-toplevel
+
+  workdir = tmp_path_factory.mktemp("digits_run")
+  cfg = tiny_config()
+  train_lib.train_and_evaluate(cfg, str(workdir), devices=jax.devices()[:1])
+  return str(workdir), cfg

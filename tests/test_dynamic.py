@@ -241,16 +241,12 @@ def test_weights_load_takes_patch_size_with_a_name(tmp_path):
     weights.load(str(path), patch_size=24)
 
 
-def test_training_workdir_loads_at_another_patch_size(tmp_path):
+def test_training_workdir_loads_at_another_patch_size(digits_run):
   """An Orbax run (4 px patches, 8 px images) at patch_size=2 equals timm's
   model of the same weights after set_input_size(patch_size=2)."""
-  from train_helpers import tiny_config  # pylint: disable=import-outside-toplevel
-  from vit_jax import train_lib  # pylint: disable=import-outside-toplevel
-
-  train_lib.train_and_evaluate(tiny_config(), str(tmp_path),
-                               devices=jax.devices()[:1])
-  plain = weights.load(str(tmp_path))
-  loaded = weights.load(str(tmp_path), patch_size=2)
+  workdir, _ = digits_run
+  plain = weights.load(workdir)
+  loaded = weights.load(workdir, patch_size=2)
   assert (plain.model.patch_size, loaded.model.patch_size) == (4, 2)
   assert loaded.image_size == plain.image_size == 8
   m = timm.create_model("vit_tiny_patch16_224", pretrained=False,

@@ -3,26 +3,17 @@ checked against an independent per-example loop and the run's own metrics."""
 
 import json
 
-import jax
 import numpy as np
 import pytest
 import tensorflow_datasets as tfds
 import torch
 import torchvision
 
-from train_helpers import metric_rows, tiny_config
+from train_helpers import metric_rows
 from vit_jax import evaluate as evaluate_lib
-from vit_jax import inference, train_lib
+from vit_jax import inference
 
 NUM_TEST = 359  # examples in digits[test]
-
-
-@pytest.fixture(scope="module")
-def digits_run(tmp_path_factory):
-  workdir = tmp_path_factory.mktemp("digits_eval_run")
-  cfg = tiny_config()
-  train_lib.train_and_evaluate(cfg, str(workdir), devices=jax.devices()[:1])
-  return str(workdir), cfg
 
 
 def per_example_reference(loaded, data_dir, split="test"):

@@ -1,14 +1,12 @@
 """Google .npz checkpoints (vision_transformer and big_vision layouts):
 timm's own loader reads what we write, and we read both layouts back."""
 
-import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-import torch
 
-from compare import (apply, assert_close_rel, images, perturb_torch,
-                     random_ours, torch_in, tree_equal)
+from compare import (apply, assert_close_rel, images, random_ours, random_timm,
+                     timm_logits, tree_equal)
 
 timm = pytest.importorskip("timm")
 from timm.models.vision_transformer import _load_weights as timm_load_npz  # noqa: E402
@@ -16,21 +14,7 @@ from timm.models.vision_transformer import _load_weights as timm_load_npz  # noq
 from vit_jax import formats  # noqa: E402
 
 SIZE = 64
-DEPTH = 3
 
-
-def random_timm(seed=0, num_classes=10, depth=DEPTH, name="vit_tiny_patch16_224",
-                size=SIZE, **kw):
-  """timm's ``name`` (``depth`` blocks) with random, perturbed weights."""
-  torch.manual_seed(seed)
-  m = timm.create_model(name, pretrained=False, num_classes=num_classes,
-                        img_size=size, depth=depth, **kw)
-  return perturb_torch(m, seed)
-
-
-def timm_logits(m, x):
-  with torch.no_grad():
-    return m(torch_in(x)).numpy()
 
 
 

@@ -14,10 +14,9 @@ import torch
 import torchvision
 from PIL import Image
 
-from train_helpers import REPO, tiny_config
+from train_helpers import REPO
 from vit_jax import formats, inference, input_pipeline, labels
 from vit_jax import predict as predict_lib
-from vit_jax import train_lib
 
 SIZE = 32  # torchvision weights at 32px: a 2x2 grid of 16px patches
 
@@ -189,15 +188,6 @@ def test_npz_and_safetensors_checkpoints(files, tmp_path):
   lf.write_text("a\nb\n")
   with pytest.raises(inference.CheckpointError, match="2 class names.*1000"):
     inference.load(npz, label_file=str(lf))
-
-
-@pytest.fixture(scope="module")
-def digits_run(tmp_path_factory):
-  """A seconds-long training run on the bundled digits (Orbax workdir)."""
-  workdir = tmp_path_factory.mktemp("digits_run")
-  cfg = tiny_config()
-  train_lib.train_and_evaluate(cfg, str(workdir), devices=jax.devices()[:1])
-  return str(workdir), cfg
 
 
 def test_orbax_training_checkpoint_uses_the_eval_pipeline(digits_run, tmp_path):

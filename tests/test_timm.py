@@ -2,35 +2,19 @@
 weights, names, clear errors. The families (DeiT-III, DINOv2, CLIP, SigLIP)
 are in test_families.py."""
 
-import jax
-import jax.numpy as jnp
 import numpy as np
 import pytest
 import torch
 
-from compare import (apply, assert_close_rel, images, perturb_torch,
-                     random_ours, torch_in, tree_equal)
+from compare import (apply, assert_close_rel, images, random_ours, random_timm,
+                     timm_logits)
 
 timm = pytest.importorskip("timm")
 
 from vit_jax import formats  # noqa: E402
 
 SIZE = 64  # 4x4 patch grid for /16: small, and the grid is not trivial
-DEPTH = 3  # blocks of the small models (the headline test uses all 12)
 
-
-def random_timm(seed=0, num_classes=10, depth=DEPTH, name="vit_tiny_patch16_224",
-                size=SIZE, **kw):
-  """timm's ``name`` (``depth`` blocks) with random, perturbed weights."""
-  torch.manual_seed(seed)
-  m = timm.create_model(name, pretrained=False, num_classes=num_classes,
-                        img_size=size, depth=depth, **kw)
-  return perturb_torch(m, seed)
-
-
-def timm_logits(m, x):
-  with torch.no_grad():
-    return m(torch_in(x)).numpy()
 
 
 

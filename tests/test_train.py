@@ -117,7 +117,7 @@ def _tiny_torchvision_pth(path, image_size=16, patch=8, classes=5, seed=0):
 def _finetune_overrides(pth, **kw):
   o = dict(model_name="vit_ti_8", image_size=24, init_weights=str(pth),
            optimizer="sgd", learning_rate=0.0, total_steps=1, eval_every=1,
-           checkpoint_every=1, **{"model.num_layers": 2})
+           checkpoint_every=1, **{"model.num_layers": 2, "model.patch_size": 8})
   o.update(kw)
   return o
 
@@ -149,25 +149,28 @@ def test_finetune_starts_from_converted_torchvision_weights(tmp_path):
 
 def test_released_weights_offline_fail_fast(tmp_path, monkeypatch):
   import torch
-  monkeypatch.setattr(input_pipeline, "_online", lambda *a, **k: False)
+  from vit_jax import weights
+  from vit_jax.weights import files
+  monkeypatch.setattr(files, "_online", lambda *a, **k: False)
   monkeypatch.setattr(torch.hub, "get_dir", lambda: str(tmp_path))
-  with pytest.raises(FileNotFoundError, match=r"not cached at .*vit_b_16-"
-                     r".*download.pytorch.org cannot be reached.*init_weights"):
-    train_lib._torchvision_state_dict("vit_b_16", "IMAGENET1K_V1")
+  with pytest.raises(weights.CheckpointError, match=r"not cached at .*vit_b_16-"
+                     r".*download.pytorch.org cannot be reached"):
+    weights.load("torchvision:IMAGENET1K_V1", model_name="vit_b_16")
 
 
 def test_finetune_bad_weights(tmp_path):
-  with pytest.raises(FileNotFoundError, match="no such file"):
+  with pytest.raises(ValueError, match="missing.pth.*no such file"):
     _train(tiny_config(**_finetune_overrides(tmp_path / "missing.pth")),
            tmp_path / "a")
   pth = tmp_path / "wide.pth"
   _tiny_torchvision_pth(pth)
   cfg = tiny_config(**_finetune_overrides(pth, **{"model.hidden_size": 64,
                                                   "model.mlp_dim": 64}))
-  with pytest.raises(ValueError, match="mis-shaped keys"):
+  with pytest.raises(ValueError, match=r"hidden_size 32 \(expected 64\)"):
     _train(cfg, tmp_path / "b")
   cfg = tiny_config(**_finetune_overrides("NO_SUCH_WEIGHTS"))
-  with pytest.raises(ValueError, match="torchvision has no such weights"):
+  with pytest.raises(ValueError, match="torchvision has no weights "
+                     "'NO_SUCH_WEIGHTS'"):
     _train(cfg, tmp_path / "c")
 
 

@@ -11,7 +11,7 @@ from ml_collections import config_flags
 import train_helpers  # noqa: F401  (repo on sys.path)
 from vit_jax import optim
 
-RECIPES = ["digits", "b16", "ti16", "s16", "l16", "h14"]
+RECIPES = ["digits", "b16", "ti16", "s16", "l16", "h14", "dinov2"]
 
 
 @pytest.mark.parametrize("name", RECIPES)
@@ -44,6 +44,18 @@ def test_b16_parameter_string():
   from configs import h14, l16, ti16
   assert ti16.get_config().init_weights == ""  # no torchvision Ti weights
   assert l16.get_config().fsdp == -1 and h14.get_config().model.scan_layers
+
+
+def test_dinov2_recipes():
+  from configs import dinov2
+  c = dinov2.get_config()
+  assert c.init_weights == "hf-hub:timm/vit_base_patch14_reg4_dinov2.lvd142m"
+  assert c.model_name == "vit_base_patch14_reg4_dinov2"
+  assert c.image_size == 224 and c.layer_decay == 0.75 and not c.linear_probe
+  c = dinov2.get_config("l,cifar100,probe,448")
+  assert c.model_name == "vit_large_patch14_reg4_dinov2"
+  assert (c.dataset, c.image_size, c.linear_probe, c.optimizer) == (
+      "cifar100", 448, True, "sgd")
 
 
 def test_config_file_flag_with_argument_and_locked_overrides():

@@ -26,6 +26,7 @@ fails before it starts, naming the step, the space needed and free.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import math
@@ -39,7 +40,8 @@ import jax.numpy as jnp
 import orbax.checkpoint as ocp
 
 from vit_jax import models
-from vit_jax.weights import check, trees
+from vit_jax.weights import trees
+from vit_jax.weights.check import check_keys
 
 ITEMS = ("variables", "train", "meta")
 SET_ASIDE = "checkpoints.set_aside"
@@ -283,7 +285,7 @@ class CheckpointManager:
       want.update({f"{item}/{k}": tuple(v.shape) for k, v in
                    _leaf_shapes(abstract_items[item]).items()})
     try:
-      check.check_keys(got, want, "the train state of this config")
+      check_keys(got, want, "the train state of this config")
     except ValueError as e:
       raise ValueError(
           f"Checkpoint step {step} in {self.directory} does not match the "
@@ -467,6 +469,12 @@ def build_model(meta: Dict[str, Any], **overrides) -> models.VisionTransformer:
     if isinstance(kwargs.get(key), str):
       kwargs[key] = jnp.dtype(kwargs[key])
   kwargs.update(overrides)
+  variant = {f.name for f in dataclasses.fields(models.Variant)}
+  if variant <= set(kwargs) or set(models.ARCH_FIELDS) <= set(kwargs):
+    # Every field a name would give is stated (a custom size, or weights
+    # that gave the whole architecture): the name (ours, timm's or the
+    # recipe's own) is only a label.
+    return models.get_model(kwargs)
   return models.get_model(meta["model_name"], **kwargs)
 
 

@@ -540,6 +540,14 @@ def _pair(v):
 
 FIELDS = tuple(f.name for f in dataclasses.fields(VisionTransformer)
                if f.name not in ("parent", "name"))
+# Fields that are options of a run (training, compute, input handling), not
+# the architecture a checkpoint stores; ARCH_FIELDS are the others.
+OPTION_FIELDS = ("num_classes", "image_size", "dropout_rate",
+                 "attention_dropout_rate", "drop_path_rate", "head_bias_init",
+                 "dtype", "param_dtype", "scan_layers", "remat_policy",
+                 "sow_attention_weights", "attention_impl", "dynamic_img_size",
+                 "dynamic_img_pad")
+ARCH_FIELDS = tuple(f for f in FIELDS if f not in OPTION_FIELDS)
 
 
 def get_model(name_or_arch: Union[str, Variant, Mapping[str, Any]],

@@ -29,6 +29,7 @@ a coordination-service barrier) cannot be interrupted from Python.
 from __future__ import annotations
 
 import contextlib
+import faulthandler
 import os
 import signal
 import sys
@@ -39,6 +40,7 @@ from typing import Callable, List, Optional, Tuple
 import numpy as np
 
 EXIT_CODE = 1
+BACKSTOP_S = 10.0  # after a wait's limit, if the watchdog could not speak
 
 _sigterm = threading.Event()
 
@@ -190,6 +192,7 @@ class Waits:
                                         name="vit_jax-waits")
         self._thread.start()
       self._stack.append((what, step, time.monotonic() + self.timeout_s))
+      self._arm_backstop()
       self._cv.notify()
     try:
       yield
@@ -200,11 +203,26 @@ class Waits:
     finally:
       with self._cv:
         self._stack.pop()
+        self._arm_backstop()
         self._cv.notify()
+
+  def _arm_backstop(self):
+    """The watchdog thread needs the GIL; a wait inside native code that
+    holds it would silence the watchdog. faulthandler's timer runs without
+    the GIL: BACKSTOP_S after the watchdog's deadline it prints every
+    thread's stack and ends the process (exit code 1)."""
+    if self._stack:
+      left = self._stack[-1][2] - time.monotonic()
+      faulthandler.dump_traceback_later(max(1.0, left + BACKSTOP_S),
+                                        exit=True)
+    else:
+      faulthandler.cancel_dump_traceback_later()
 
   def close(self):
     with self._cv:
       self._closed = True
+      if self.enabled:
+        faulthandler.cancel_dump_traceback_later()
       self._cv.notify()
 
   def message(self, what: str, step: Optional[int],

@@ -1,32 +1,129 @@
 """The model a training config describes, and its initial variables.
 
 From scratch (random init inside the jitted init step), or fine-tuning from
-torchvision weights (a ``.pth`` state dict or a released-weights name):
-those import torch and torchvision, which must be imported *before*
-TensorFlow in one process, as ``train.py`` does (importing torchvision's
-triton after TensorFlow crashes the process).
+``config.init_weights``: anything :func:`vit_jax.weights.load` reads (a
+``.pth`` / ``.safetensors`` / ``.npz`` file, a Hugging Face model directory,
+``hf-hub:org/name``, a training workdir, ``torchvision:IMAGENET1K_V1`` or
+just ``IMAGENET1K_V1`` with ``model_name``). The weights decide the
+architecture (sizes, registers, LayerScale, pooling, activation ...);
+``config.model`` gives the training options (dtype, dropout, drop path,
+scan, remat, attention). Sources that need torch to be read (``.pth``,
+torchvision's releases) are converted in a child process
+(``python -m vit_jax.weights``) to a torch-free file first, so torch is never
+imported beside JAX and TensorFlow in the training process.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import json
 import os
-import urllib.parse
-from typing import Any, Dict
+import re
+import subprocess
+import sys
+import tempfile
+from typing import Any, Dict, Optional
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
-from vit_jax import checkpoint, convert, models
+from vit_jax import checkpoint, models, preprocessing as pp, weights
+from vit_jax.weights import files, trees
+from vit_jax.weights.check import check_keys
 
-_ARCH_FIELDS = ("hidden_size", "num_layers", "num_heads", "mlp_dim",
-                "patch_size")
+# VisionTransformer fields a training config sets even when the weights give
+# the architecture; every other field comes from the weights.
+TRAINING_OPTIONS = models.OPTION_FIELDS
+# Sizes a config may state (a custom-size checkpoint): checked, not applied.
+_STATED = ("patch_size", "hidden_size", "num_layers", "num_heads", "mlp_dim")
 
 
-def model_kwargs(config, num_classes: int) -> Dict[str, Any]:
-  """JSON-able keyword arguments of ``models.get_model`` for this config."""
+@dataclasses.dataclass
+class InitialWeights:
+  """What a fine-tuning run starts from."""
+
+  source: str
+  arch: Dict[str, Any]  # the weights' architecture (JSON-able model fields)
+  variables: Any  # host numpy arrays, per-layer layout
+  preprocessing: pp.Preprocessing
+  description: str
+
+
+def source_of(init_weights: str) -> str:
+  """``config.init_weights`` as a :func:`vit_jax.weights.load` source: a bare
+  torchvision weights name (``IMAGENET1K_V1``) means ``torchvision:NAME``."""
+  w = str(init_weights)
+  if re.fullmatch(r"[A-Z][A-Z0-9_]*", w) and not os.path.exists(w):
+    return f"torchvision:{w}"
+  return w
+
+
+def _json_arch(model) -> Dict[str, Any]:
+  arch = {k: getattr(model, k) for k in models.ARCH_FIELDS}
+  if arch.get("conv_stem"):
+    arch["conv_stem"] = [list(dataclasses.astuple(c)) for c in arch["conv_stem"]]
+  return json.loads(json.dumps(arch))
+
+
+def _convert_in_child(source: str, out: str, model_name: Optional[str],
+                      image_size: int, stated: Dict[str, Any]) -> None:
+  """``python -m vit_jax.weights SOURCE OUT``: torch stays in the child."""
+  cmd = [sys.executable, "-m", "vit_jax.weights", source, out,
+         "--image-size", str(image_size), "--overrides", json.dumps(stated)]
+  if model_name:
+    cmd += ["--model", model_name]
+  root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+  env = dict(os.environ)
+  env["PYTHONPATH"] = os.pathsep.join(
+      p for p in (root, env.get("PYTHONPATH")) if p)
+  p = subprocess.run(cmd, capture_output=True, text=True, env=env, check=False)
+  if p.returncode != 0:
+    lines = [l for l in p.stderr.splitlines() if l.strip()]
+    why = next((l[len("error: "):] for l in reversed(lines)
+                if l.startswith("error: ")), "\n".join(lines[-15:]))
+    raise weights.CheckpointError(
+        f"config.init_weights={source!r} could not be converted (python -m "
+        f"vit_jax.weights, exit {p.returncode}): {why}")
+
+
+def load_initial_weights(config) -> Optional[InitialWeights]:
+  """The weights ``config.init_weights`` names, at ``config.image_size``
+  (None: from scratch)."""
+  if not config.init_weights:
+    return None
+  source = source_of(config.init_weights)
+  stated = {k: config.model[k] for k in _STATED if k in config.model}
+  # The name decides what the keys cannot (a timm state dict's activation,
+  # torchvision's released weights); a Hugging Face directory says itself.
+  by_name = not (source.startswith(files.HF_PREFIXES) or os.path.isdir(source))
+  name = config.model_name if by_name else None
+  size = int(config.image_size)
+  if not (os.path.exists(source) or source.startswith(
+      files.HF_PREFIXES + ("torchvision:",))):
+    raise weights.CheckpointError(
+        f"config.init_weights={source!r}: no such file or directory. Expected "
+        f"{weights.SUPPORTED}, a torchvision weights name such as "
+        f"'IMAGENET1K_V1', or '' to train from scratch.")
+  if files.needs_torch(source):
+    with tempfile.TemporaryDirectory(prefix="vit_jax_init_") as d:
+      out = os.path.join(d, "init_weights.safetensors")
+      _convert_in_child(source, out, name, size, stated)
+      loaded = weights.load(out)
+  else:
+    loaded = weights.load(source, model_name=name, image_size=size, **stated)
+  variables = trees.unstack_layers(trees.wrap(
+      jax.tree_util.tree_map(np.asarray, dict(loaded.variables))))
+  return InitialWeights(source, _json_arch(loaded.model), variables,
+                        loaded.preprocessing, loaded.description)
+
+
+def model_kwargs(config, num_classes: int,
+                 init: Optional[InitialWeights] = None) -> Dict[str, Any]:
+  """JSON-able keyword arguments of ``models.get_model`` for this config:
+  ``config.model`` from scratch; the weights' architecture with the
+  config's training options when fine-tuning."""
   kw = dict(config.model.to_dict())
-  kw["num_classes"] = int(num_classes)
   kw["remat_policy"] = kw.get("remat_policy") or None
   for k in ("dtype", "param_dtype"):
     if k in kw:
@@ -35,6 +132,19 @@ def model_kwargs(config, num_classes: int) -> Dict[str, Any]:
       except TypeError:
         raise ValueError(f"config.model.{k}={kw[k]!r} is not a dtype "
                          f"(expected e.g. 'float32' or 'bfloat16').") from None
+  if init is not None:
+    for k in _STATED:
+      if k in kw and kw[k] != init.arch[k]:
+        raise ValueError(
+            f"config.model.{k}={kw[k]} but the initial weights "
+            f"{init.source!r} have {k}={init.arch[k]} ({init.description}). "
+            f"The weights decide the architecture: drop the override or use "
+            f"other weights.")
+    arch = dict(init.arch)
+    if arch["classifier"] == "unpooled":  # a backbone: the config pools
+      arch["classifier"] = kw.get("classifier") or "token"
+    kw = dict(arch, **{k: v for k, v in kw.items() if k in TRAINING_OPTIONS})
+  kw["num_classes"] = int(num_classes)
   return kw
 
 
@@ -44,75 +154,30 @@ def build_model(model_name: str, kwargs: Dict[str, Any]) -> models.VisionTransfo
                                  "model_kwargs": kwargs})
 
 
-def _torchvision_state_dict(model_name: str, weights: str):
-  """State dict + (mean, std) for ``weights`` (a .pth path or torchvision
-  name); fails fast offline when the named weights are not cached."""
-  is_file = (os.path.sep in weights or os.path.exists(weights) or
-             weights.endswith((".pth", ".pt")))
-  if is_file:
-    if not os.path.isfile(weights):
-      raise FileNotFoundError(
-          f"config.init_weights={weights!r}: no such file. Expected a "
-          f"torchvision {model_name} state dict saved with torch.save(), or a "
-          f"torchvision weights name such as 'IMAGENET1K_V1'.")
-    return weights
-  import torch  # pylint: disable=import-outside-toplevel
-  import torchvision  # pylint: disable=import-outside-toplevel
-  enum_name = model_name.upper().replace("VIT_", "ViT_") + "_Weights"
-  try:
-    enum = torchvision.models.get_weight(f"{enum_name}.{weights}")
-  except (ValueError, KeyError, AttributeError):
-    raise ValueError(
-        f"config.init_weights={weights!r}: torchvision has no such weights "
-        f"for {model_name}. Use a name like 'IMAGENET1K_V1', a path to a "
-        f".pth state dict, or '' to train from scratch.") from None
-  cached = os.path.join(torch.hub.get_dir(), "checkpoints",
-                        os.path.basename(enum.url))
-  if not os.path.exists(cached):
-    from vit_jax import input_pipeline  # pylint: disable=import-outside-toplevel
-    host = urllib.parse.urlparse(enum.url).hostname
-    if not input_pipeline._online(host):  # pylint: disable=protected-access
-      raise FileNotFoundError(
-          f"torchvision weights {enum_name}.{weights} are not cached at "
-          f"{cached!r} and {host} cannot be reached (offline?). Download "
-          f"{enum.url} to that path, or set "
-          f"--config.init_weights=/path/to/weights.pth.")
-  return weights
-
-
-def init_variables(config, model, num_classes: int):
-  """(host variables or None for random init, preprocessing or None)."""
-  if not config.init_weights:
-    return None, None
-  weights = _torchvision_state_dict(config.model_name, config.init_weights)
-  # Architecture overrides (custom sizes) describe the checkpoint too.
-  kw = {k: config.model[k] for k in _ARCH_FIELDS if k in config.model}
-  tv = convert.load_torchvision(config.model_name, weights,
-                                image_size=config.image_size,
-                                scan_layers=model.scan_layers, **kw)
-  variables = jax.tree_util.tree_map(np.asarray, dict(tv.variables))
-  params = dict(variables["params"])
-  width = params["head"]["kernel"].shape[0] if "head" in params else None
-  if width is not None and (config.reset_head or
-                            params["head"]["kernel"].shape[1] != num_classes):
+def initial_variables(config, init: Optional[InitialWeights], abstract):
+  """Host variables in the train state's layout (None: random init). The
+  head is a fresh zero head when ``config.reset_head``, when the number of
+  classes differs, or when the weights have none (a backbone)."""
+  if init is None:
+    return None
+  params = dict(init.variables["params"])
+  want = abstract.params.get("head")
+  have = params.get("head")
+  if want is None:
+    params.pop("head", None)
+  elif (config.reset_head or have is None or
+        tuple(np.shape(have["kernel"])) != tuple(want["kernel"].shape)):
     params["head"] = {
-        "kernel": np.zeros((width, num_classes), np.float32),
-        "bias": np.full((num_classes,), model.head_bias_init, np.float32)}
-  variables["params"] = params
-  return variables, tv.preprocessing
-
-
-def check_tree(expected, got, what: str):
-  """Raises naming missing, unexpected and mis-shaped leaves."""
-  e = {jax.tree_util.keystr(k): v.shape for k, v in
-       jax.tree_util.tree_leaves_with_path(expected)}
-  g = {jax.tree_util.keystr(k): np.shape(v) for k, v in
-       jax.tree_util.tree_leaves_with_path(got)}
-  missing = sorted(set(e) - set(g))
-  unexpected = sorted(set(g) - set(e))
-  shapes = [f"{k}: model {e[k]}, weights {g[k]}" for k in sorted(set(e) & set(g))
-            if tuple(e[k]) != tuple(g[k])]
-  if missing or unexpected or shapes:
-    raise ValueError(
-        f"{what} do not match the model:\n  missing: {missing[:10]}\n  "
-        f"unexpected: {unexpected[:10]}\n  mis-shaped: {shapes[:10]}")
+        "kernel": np.zeros(want["kernel"].shape, np.float32),
+        "bias": np.full(want["bias"].shape, float(config.model.head_bias_init),
+                        np.float32)}
+  variables = dict(init.variables, params=params)
+  if bool(config.model.scan_layers):
+    variables = trees.stack_layers(variables)
+  expected = {"params": abstract.params}
+  if abstract.batch_stats:
+    expected["batch_stats"] = abstract.batch_stats
+  check_keys({k: tuple(np.shape(v)) for k, v in trees.flatten(variables).items()},
+             {k: tuple(v.shape) for k, v in trees.flatten(expected).items()},
+             f"the model of this config (initial weights {init.source!r})")
+  return variables

@@ -18,8 +18,8 @@ Nothing in those modules imports this one.
 # pylint: disable=unused-import
 from vit_jax.sharding import (batch_sharding, make_mesh, put_global,  # noqa: F401
                               state_shardings, with_shardings)
-from vit_jax.train_init import (_torchvision_state_dict, build_model,  # noqa: F401
-                                check_tree, init_variables, model_kwargs)
+from vit_jax.train_init import (build_model, initial_variables,  # noqa: F401
+                                load_initial_weights, model_kwargs)
 from vit_jax.train_loop import train_and_evaluate  # noqa: F401
 from vit_jax.train_step import (Compiled, TrainState, abstract_train_state,  # noqa: F401
                                 compile_steps, make_eval_step, make_init_fn,

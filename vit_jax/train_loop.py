@@ -129,7 +129,8 @@ def train_and_evaluate(config, workdir: str, *,
   src = input_pipeline.get_source(config)
 
   # ---- Model, optimizer, the train state's shape and shardings, steps.
-  model_kw = train_init.model_kwargs(config, src.num_classes)
+  init = train_init.load_initial_weights(config)  # None: from scratch
+  model_kw = train_init.model_kwargs(config, src.num_classes, init)
   model = train_init.build_model(config.model_name, model_kw)
   schedule = optim.make_schedule(config)
   tx = optim.make_optimizer(config, schedule)
@@ -168,21 +169,17 @@ def train_and_evaluate(config, workdir: str, *,
     mean, std = tuple(saved["mean"]), tuple(saved["std"])
     start = int(latest)
   else:
-    host_vars, init_pp = train_init.init_variables(config, model,
-                                                   src.num_classes)
-    mean, std = input_pipeline.normalization(config, init_pp)
+    host_vars = train_init.initial_variables(config, init, abstract)
+    mean, std = input_pipeline.normalization(
+        config, init.preprocessing if init else None)
     if host_vars is None:
       state = fns.init_from_rng(jax.random.key(int(config.seed)))
     else:
-      want = {"params": abstract.params}
-      if abstract.batch_stats:
-        want["batch_stats"] = abstract.batch_stats
-      train_init.check_tree(want, host_vars,
-                            f"Initial weights {config.init_weights!r}")
       var_sh = {"params": shardings.params}
       if abstract.batch_stats:
         var_sh["batch_stats"] = shardings.batch_stats
       state = fns.init_from_variables(sharding.put_global(host_vars, var_sh))
+    del init, host_vars  # the host copy of the initial weights
     start = 0
 
   # ---- Outputs: config.json, metrics.jsonl (a start row), TensorBoard.
@@ -266,8 +263,12 @@ def train_and_evaluate(config, workdir: str, *,
   step, preempted, vote = start, False, None
   with multihost.Preemption(data_sh) as preemption:
     while step < total:
-      state, next_vote = fns.train_step(state, next(batches),
-                                        preemption.votes())
+      # Dispatching a step can block on the previous one's all-reduce (its
+      # donated buffers): a wait for the other processes too.
+      with waits.waiting(f"step {step + 1}'s dispatch (step {step}'s "
+                         f"all-reduce)", step + 1):
+        state, next_vote = fns.train_step(state, next(batches),
+                                          preemption.votes())
       step += 1
       if vote is not None:
         # Every process's SIGTERM vote, as of the previous step: the same
@@ -305,7 +306,8 @@ def train_and_evaluate(config, workdir: str, *,
         writer.print(metrics.progress_line(
             step, total, last_train["train_loss"], last_train["learning_rate"],
             last_train["img_per_sec"], eta))
-        state = fns.reset_acc(state)
+        with waits.waiting("the metrics' reset (the step's all-reduce)", step):
+          state = fns.reset_acc(state)
       if is_ckpt:
         progress.pause()
         with waits.waiting("the checkpoint's save to start (Orbax's barriers; "

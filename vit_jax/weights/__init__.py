@@ -204,7 +204,7 @@ def _load(src: str, name, image_size, num_heads, overrides) -> Loaded:
   if ext == ".safetensors":
     arrays, meta = files.read_safetensors(src)
     return _from_arrays(arrays, meta, name, kw, src)
-  if ext in (".pth", ".pt", ".bin", ".ckpt"):
+  if ext in files.TORCH_EXTS:
     return _from_arrays(files.read_torch(src), {}, name, kw, src)
   raise CheckpointError(f"{src}: unknown checkpoint type {ext or '(none)'!r}. "
                         f"Expected {SUPPORTED}.")

@@ -23,6 +23,17 @@ from vit_jax.weights import trees
 HF_PREFIXES = ("hf-hub:", "hf_hub:")
 
 
+TORCH_EXTS = (".pth", ".pt", ".bin", ".ckpt")
+
+
+def needs_torch(source: str) -> bool:
+  """Whether reading ``source`` imports torch: a pickled state dict or
+  torchvision's released weights (everything else is read with numpy)."""
+  source = str(source)
+  return (source.startswith("torchvision:") or
+          os.path.splitext(source)[1].lower() in TORCH_EXTS)
+
+
 def read_torch(path: str) -> Dict[str, np.ndarray]:
   """A ``.pth``/``.pt``/``.bin`` state dict as numpy arrays, read with
   ``torch.load(weights_only=True)``; unwraps training checkpoints'

@@ -124,6 +124,8 @@ def num_layers(params) -> int:
 
 
 def _is_square(n: int) -> bool:
+  if n <= 0:
+    return False
   s = int(round(np.sqrt(n)))
   return s * s == n
 

@@ -1,0 +1,76 @@
+"""Any weights :func:`vit_jax.weights.load` reads -> one torch-free file.
+
+    python -m vit_jax.weights SOURCE OUT.safetensors [--model NAME] [--image-size N]
+
+``SOURCE`` is anything ``load`` accepts (a ``.pth`` state dict, a Google
+``.npz``, ``hf-hub:org/name``, ``torchvision:IMAGENET1K_V1`` with
+``--model vit_b_16`` ...). ``OUT`` holds our parameter tree bit for bit with
+the architecture, the preprocessing and the label names in its header, so
+``weights.load(OUT)`` gives back the same model without torch. ``train.py``
+runs this in a child process to fine-tune from PyTorch weights without
+importing torch beside JAX.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from typing import Optional
+
+
+def convert(source: str, out: str, **load_kwargs):
+  """Loads ``source`` and writes it to ``out`` (our safetensors layout,
+  written to a temporary name first: ``out`` is whole or absent). Returns
+  the :class:`~vit_jax.weights.Loaded`."""
+  from vit_jax import formats, weights  # pylint: disable=import-outside-toplevel
+
+  loaded = weights.load(source, **load_kwargs)
+  meta = {"preprocessing": loaded.preprocessing.as_dict(),
+          "source": str(source), "description": loaded.description}
+  if loaded.label_names is not None:
+    meta["label_names"] = list(loaded.label_names)
+  tmp = f"{out}.tmp-{os.getpid()}"
+  try:
+    formats.save_safetensors(loaded.variables, tmp, model=loaded.model,
+                             metadata=meta)
+    os.replace(tmp, out)
+  finally:
+    if os.path.exists(tmp):
+      os.remove(tmp)
+  return loaded
+
+
+def main(argv: Optional[list] = None) -> int:
+  p = argparse.ArgumentParser(
+      prog="python -m vit_jax.weights",
+      description="Convert weights (any layout vit_jax.weights.load reads) "
+                  "to a torch-free safetensors file in vit_jax's layout.")
+  p.add_argument("source", help="a file, a directory, hf-hub:org/name or "
+                                "torchvision:WEIGHTS")
+  p.add_argument("out", help="the .safetensors file to write")
+  p.add_argument("--model", default=None,
+                 help="ours (vit_b_16) or timm's (vit_base_patch16_224) name, "
+                      "where the weights cannot tell (torchvision: names)")
+  p.add_argument("--image-size", type=int, default=None,
+                 help="resample the position embedding to this resolution")
+  p.add_argument("--overrides", default="{}",
+                 help="JSON object of model fields the checkpoint is stated to "
+                      "have (e.g. '{\"num_heads\": 2}')")
+  args = p.parse_args(argv)
+  from vit_jax import console, weights  # pylint: disable=import-outside-toplevel
+  console.quiet_native_logs()
+  try:
+    overrides = json.loads(args.overrides)
+    loaded = convert(args.source, args.out, model_name=args.model,
+                     image_size=args.image_size, **overrides)
+  except (weights.CheckpointError, ValueError, FileNotFoundError) as e:
+    print(f"error: {e}", file=sys.stderr, flush=True)
+    return 1
+  print(f"{args.out}: {loaded.description}")
+  return 0
+
+
+if __name__ == "__main__":
+  sys.exit(main())
