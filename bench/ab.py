@@ -25,7 +25,9 @@ import sys
 if __package__ in (None, ""):
   sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
+from bench import flops as flops_lib  # noqa: E402
 from bench import harness  # noqa: E402
+from bench import machine  # noqa: E402
 from vit_jax import console  # noqa: E402
 
 
@@ -56,6 +58,42 @@ def parse_config(text: str) -> harness.Contestant:
                             env=env)
 
 
+def format_table(res, reference: str, rounds: int) -> str:
+  """The A/B table: throughput, paired ratio against ``reference``, CPU
+  time, analytic GFLOP/s and its share of the machine's best GEMM."""
+  from vit_jax import models  # pylint: disable=import-outside-toplevel
+  w = res["workload"]
+  gflop = flops_lib.step_flops(models.decode_variant(w["name"]),
+                               w["image_size"], w["mode"],
+                               w["num_classes"]) / 1e9
+  best = machine.roofline(res.get("gemms"), w["dtype"])
+  lines = [
+      machine.describe(res["machine"]),
+      f"{w['name']} {w['mode']} {w['dtype']} batch {w['batch']} "
+      f"{w['image_size']}px, {rounds} alternating rounds, load avg "
+      f"{res['load_avg_1m']:.1f}",
+      f"{'config':14s} {'img/s':>8s} {'min-max':>15s} "
+      f"{'vs ' + reference:>20s} {'cpu ms/img':>10s} {'cpu ratio':>9s} "
+      f"{'GFLOP/s':>8s} {'% GEMM':>7s} {'compile':>8s} {'others':>7s}  "
+      f"max|diff| vs ref"]
+  for lab, c in res["contestants"].items():
+    r = c["ratio_vs_reference"]
+    diff = c.get("check_max_abs_diff")
+    rate = gflop * c["img_per_sec"]["median"]
+    lines.append(
+        f"{lab:14s} {c['img_per_sec']['median']:8.2f} "
+        f"{c['img_per_sec']['min']:7.2f}-{c['img_per_sec']['max']:<7.2f} "
+        f"{r['median']:8.3f}x [{r['min']:.2f}-{r['max']:.2f}] "
+        f"{c['cpu_ms_per_img']['median']:10.1f} "
+        f"{c['cpu_ratio_vs_reference']['median']:8.3f}x "
+        f"{rate:8.1f} {machine.percent_of(rate, best):>7s} "
+        f"{c['compile_s']:7.1f}s {c['other_load']['median']:7.2f}  "
+        f"{'' if diff is None else f'{diff:.1e}'}")
+  if res.get("gemms"):
+    lines += ["", machine.format_gemms(res["gemms"], w["dtype"])]
+  return "\n".join(lines)
+
+
 def main(argv=None):
   console.quiet_native_logs()
   p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
@@ -73,6 +111,7 @@ def main(argv=None):
                  help="pin both frameworks to these CPUs (default: all)")
   p.add_argument("--wait-quiet", type=float, default=0.0, metavar="SECONDS")
   p.add_argument("--config", action="append", required=True)
+  machine.add_gemm_args(p)
   p.add_argument("--json", action="store_true")
   args = p.parse_args(argv)
   cs = [parse_config(c) for c in args.config]
@@ -83,23 +122,9 @@ def main(argv=None):
                     round_s=args.round_seconds, reference=cs[0].label,
                     quiet_load=args.quiet_load, max_retries=args.max_retries,
                     wait_quiet_s=args.wait_quiet, cpus=args.cpus)
-  w = res["workload"]
-  print(f"{w['name']} {w['mode']} {w['dtype']} batch {w['batch']} "
-        f"{w['image_size']}px, {args.rounds} alternating rounds, load avg "
-        f"{res['load_avg_1m']:.1f}")
-  print(f"{'config':14s} {'img/s':>8s} {'min-max':>15s} {'vs ' + cs[0].label:>20s}"
-        f" {'cpu ms/img':>10s} {'cpu ratio':>9s} {'compile':>8s} {'others':>7s}"
-        f"  max|diff| vs ref")
-  for lab, c in res["contestants"].items():
-    r = c["ratio_vs_reference"]
-    diff = c.get("check_max_abs_diff")
-    print(f"{lab:14s} {c['img_per_sec']['median']:8.2f} "
-          f"{c['img_per_sec']['min']:7.2f}-{c['img_per_sec']['max']:<7.2f} "
-          f"{r['median']:8.3f}x [{r['min']:.2f}-{r['max']:.2f}] "
-          f"{c['cpu_ms_per_img']['median']:10.1f} "
-          f"{c['cpu_ratio_vs_reference']['median']:8.3f}x "
-          f"{c['compile_s']:7.1f}s {c['other_load']['median']:7.2f}  "
-          f"{'' if diff is None else f'{diff:.1e}'}")
+  res["gemms"] = machine.gemms_for(args, args.model, args.batch,
+                                   args.image_size, dtypes=(args.dtype,))
+  print(format_table(res, cs[0].label, args.rounds))
   if args.json:
     print(json.dumps(res))
   return res

@@ -38,6 +38,7 @@ if __package__ in (None, ""):  # `python bench/bench.py`
 
 from bench import flops as flops_lib  # noqa: E402
 from bench import harness  # noqa: E402
+from bench import machine  # noqa: E402
 from vit_jax import console  # noqa: E402
 
 
@@ -92,6 +93,7 @@ def build_parser() -> argparse.ArgumentParser:
                  help="add a torch.compile contestant (extra column)")
   p.add_argument("--no-torch", action="store_true",
                  help="time the JAX side only")
+  machine.add_gemm_args(p)
   p.add_argument("--json", action="store_true",
                  help="print one JSON object (the table goes to stderr)")
   return p
@@ -114,8 +116,9 @@ def contestants_from_args(args) -> list:
   return out
 
 
-def summarise(res, workload: harness.Workload) -> dict:
-  """The flat JSON record (headline numbers first)."""
+def summarise(res, workload: harness.Workload, gemms=None) -> dict:
+  """The flat JSON record (headline numbers first); ``gemms``: the
+  machine's GEMM rates from the same run (:mod:`bench.machine`)."""
   from vit_jax import models  # pylint: disable=import-outside-toplevel
   variant = models.decode_variant(workload.name)
   gflop = flops_lib.step_flops(variant, workload.image_size, workload.mode,
@@ -140,10 +143,18 @@ def summarise(res, workload: harness.Workload) -> dict:
         row["jax"]["img_per_sec"] / row["torch.compile"]["img_per_sec"]
         for row in res["rounds"])
   rec["gflop_per_image"] = gflop
+  best = machine.roofline(gemms, workload.dtype)
+  rec["gemm_peak_gflops"] = best["gflops"] if best else None
+  for lab, cont in c.items():
+    if best:
+      rec[f"{lab.replace('.', '_')}_pct_of_gemm_peak"] = (
+          100.0 * gflop * cont["img_per_sec"]["median"] / best["gflops"])
   rec["jax_compile_s"] = jx["compile_s"]
   rec["rounds"] = len(res["rounds"])
   rec["cpu_count"] = res["cpu_count"]
   rec["load_avg_1m"] = res["load_avg_1m"]
+  rec["machine"] = res["machine"]
+  rec["gemms"] = gemms
   rec["details"] = res
   return rec
 
@@ -152,7 +163,9 @@ def format_table(rec: dict) -> str:
   res = rec["details"]
   gflop = rec["gflop_per_image"]
   w = res["workload"]
+  best = machine.roofline(rec.get("gemms"), w["dtype"])
   lines = [
+      machine.describe(rec["machine"]),
       f"{w['name']}  {w['mode']}  {w['dtype']}  batch {w['batch']}  "
       f"{w['image_size']}x{w['image_size']}  |  {rec['rounds']} alternating "
       f"rounds, {res['cpu_count']} CPUs, load avg {res['load_avg_1m']:.1f}  "
@@ -160,8 +173,8 @@ def format_table(rec: dict) -> str:
       f"{', train = 3x forward' if w['mode'] == 'train' else ''})",
       "",
       f"{'':15s} {'img/s':>8s} {'min-max':>15s} {'ms/step':>9s} "
-      f"{'GFLOP/s':>8s} {'vs torch':>18s} {'compile':>8s} {'cpu use':>8s} "
-      f"{'others':>7s} {'cpu ms/img':>10s}",
+      f"{'GFLOP/s':>8s} {'% GEMM':>7s} {'vs torch':>18s} {'compile':>8s} "
+      f"{'cpu use':>8s} {'others':>7s} {'cpu ms/img':>10s}",
   ]
   for lab, c in res["contestants"].items():
     ips = c["img_per_sec"]
@@ -174,7 +187,9 @@ def format_table(rec: dict) -> str:
         f"{label:15s} {ips['median']:8.2f} "
         f"{ips['min']:7.2f}-{ips['max']:<7.2f} "
         f"{1000 * w['batch'] / ips['median']:9.1f} "
-        f"{gflop * ips['median']:8.1f} {ratio:>18s} {comp:>8s} "
+        f"{gflop * ips['median']:8.1f} "
+        f"{machine.percent_of(gflop * ips['median'], best):>7s} "
+        f"{ratio:>18s} {comp:>8s} "
         f"{c['cpu_use']['median']:8.2f} {c['other_load']['median']:7.2f} "
         f"{c['cpu_ms_per_img']['median']:10.1f}")
   lines.append("")
@@ -197,6 +212,8 @@ def format_table(rec: dict) -> str:
       lines.append(f"check: max |{what} jax - torch| = "
                    f"{jx['check_max_abs_diff']:.2e} (max |value| "
                    f"{jx['check_max_abs_ref']:.2f})")
+  if rec.get("gemms"):
+    lines += ["", machine.format_gemms(rec["gemms"], w["dtype"])]
   info = res["contestants"]["jax"]["info"]
   if info.get("xla_flags"):
     lines.append(f"XLA_FLAGS: {info['xla_flags']}")
@@ -220,7 +237,8 @@ def main(argv=None):
                     max_retries=args.max_retries,
                     wait_quiet_s=args.wait_quiet, cpus=args.cpus,
                     reference=None if args.no_torch else "torch")
-  rec = summarise(res, workload)
+  rec = summarise(res, workload, machine.gemms_for(args, workload.name, workload.batch,
+                                    workload.image_size))
   table = format_table(rec)
   if args.json:
     print(table, file=sys.stderr)

@@ -25,6 +25,7 @@ if __package__ in (None, ""):
 
 import jax  # noqa: E402
 
+from bench import machine  # noqa: E402
 from bench import steps  # noqa: E402
 from vit_jax import console, models  # noqa: E402
 
@@ -72,7 +73,8 @@ def main(argv=None):
     rows.append({"depth": depth, "scan": best[True], "unrolled": best[False],
                  "ratio": best[True]["total_s"] / best[False]["total_s"]})
 
-  print(f"\n{args.model} train step (fwd+bwd+AdamW), batch {args.batch}, "
+  print("\n" + machine.describe())
+  print(f"{args.model} train step (fwd+bwd+AdamW), batch {args.batch}, "
         f"{args.image_size}px: seconds (best of {args.repeats}), "
         f"trace+lower / XLA compile / total")
   print(f"{'depth':>5s} {'scan':>22s} {'unrolled':>22s} {'scan/unrolled':>14s}")

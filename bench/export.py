@@ -25,13 +25,14 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import sys
 
 if __package__ in (None, ""):  # `python bench/export.py`
   sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
+from bench import flops as flops_lib  # noqa: E402
 from bench import harness  # noqa: E402
+from bench import machine  # noqa: E402
 
 REFERENCE = "jax.jit"
 RUNTIMES = {"stablehlo": "stablehlo (jax.export)",
@@ -40,17 +41,6 @@ RUNTIMES = {"stablehlo": "stablehlo (jax.export)",
 # Not in the default set: the ONNX graph made by jax2onnx instead of
 # torch.onnx.export (needs jax2onnx importable; see bench/README.md).
 EXTRA_RUNTIMES = {"onnxruntime-jax2onnx": "onnxruntime (jax2onnx)"}
-
-
-def cpu_name() -> str:
-  try:
-    with open("/proc/cpuinfo") as f:
-      for line in f:
-        if line.startswith("model name"):
-          return line.split(":", 1)[1].strip()
-  except OSError:
-    pass
-  return platform.processor() or platform.machine()
 
 
 def contestants(runtimes, torch: bool = True):
@@ -86,6 +76,7 @@ def build_parser() -> argparse.ArgumentParser:
   p.add_argument("--quiet-load", type=float, default=0.3)
   p.add_argument("--max-retries", type=int, default=2)
   p.add_argument("--wait-quiet", type=float, default=0.0, metavar="SECONDS")
+  machine.add_gemm_args(p)
   p.add_argument("--json", action="store_true",
                  help="print one JSON object (the table goes to stderr)")
   return p
@@ -108,8 +99,14 @@ def run(args) -> dict:
         rounds=args.rounds, round_s=args.round_seconds,
         quiet_load=args.quiet_load, max_retries=args.max_retries,
         wait_quiet_s=args.wait_quiet, reference=REFERENCE)
+  batches = sorted(results)
+  gemms = machine.gemms_for(args, args.model, batches[-1], args.image_size,
+                            dtypes=("float32",))
+  info = machine.cpu_info()
   return {"model": args.model, "image_size": args.image_size,
-          "cpu": cpu_name(), "cpu_count": os.cpu_count(),
+          "cpu": info["model_name"], "machine": info,
+          "cpu_count": os.cpu_count(),
+          "gemms": gemms,
           "results": {str(b): r for b, r in results.items()}}
 
 
@@ -127,12 +124,18 @@ def format_table(rec: dict) -> str:
   for i, b in enumerate(batches):
     head.append(f"{f'batch {b}: ms':>14s} {'vs jax.jit':>17s}" if i == 0 else
                 f"{f'batch {b}: img/s':>16s} {'vs jax.jit':>17s}")
+  best = machine.roofline(rec.get("gemms"), "float32")
+  last = rec["results"][str(batches[-1])]
+  gflop = flops_lib.step_flops(
+      machine.variant(rec["model"]), rec["image_size"], "infer") / 1e9
+  head.append(f"{f'% GEMM (b{batches[-1]})':>13s}")
   head.append(f"{'max |logits - jax.jit|':>24s}")
   lines = [
+      machine.describe(rec.get("machine")) if rec.get("machine") else
+      f"CPU: {rec.get('cpu')}",
       f"{rec['model']}  float32  {rec['image_size']}x{rec['image_size']}  |  "
       f"{first['workload']['warmup']} warm-up steps, "
-      f"{len(first['rounds'])} alternating rounds per batch size  |  CPU: "
-      f"{rec['cpu']}, {rec['cpu_count']} cores",
+      f"{len(first['rounds'])} alternating rounds per batch size",
       "", " ".join(head)]
   for lab in labels:
     row = [f"{lab:24s}"]
@@ -147,8 +150,12 @@ def format_table(rec: dict) -> str:
                f"{c['img_per_sec']['median']:16.2f}")
       row.append(f"{value} {ratio:>17s}")
       diff = max(diff, c.get("check_max_abs_diff") or 0.0)
+    rate = gflop * last["contestants"][lab]["img_per_sec"]["median"]
+    row.append(f"{machine.percent_of(rate, best):>13s}")
     row.append(f"{diff:24.1e}" if lab != REFERENCE else f"{'-':>24s}")
     lines.append(" ".join(row))
+  if rec.get("gemms"):
+    lines += ["", machine.format_gemms(rec["gemms"], "float32")]
   lines.append("")
   lines.append("vs jax.jit: median of per-round paired throughput ratios "
                "(> 1 is faster), [min-max]; ms = time of one call (batch / "

@@ -26,6 +26,8 @@ import tempfile
 import time
 from typing import Any, Dict, List, Optional
 
+from bench import machine
+
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
@@ -118,7 +120,7 @@ class Worker:
         self.proc.kill()
 
 
-def _busy_cpu_seconds() -> float:
+def busy_cpu_seconds() -> float:
   """CPU-seconds spent busy by the whole machine so far (from /proc/stat)."""
   try:
     with open("/proc/stat") as f:
@@ -136,9 +138,9 @@ def wait_for_quiet(max_wait_s: float, quiet_load: float,
   ``quiet_load`` cores over a ``window_s`` window; returns the load seen."""
   deadline = time.monotonic() + max_wait_s
   while True:
-    b0 = _busy_cpu_seconds()
+    b0 = busy_cpu_seconds()
     time.sleep(window_s)
-    load = (_busy_cpu_seconds() - b0) / window_s
+    load = (busy_cpu_seconds() - b0) / window_s
     if load <= quiet_load or time.monotonic() >= deadline:
       return load
 
@@ -146,11 +148,11 @@ def wait_for_quiet(max_wait_s: float, quiet_load: float,
 def _timed_turn(w: Worker, iters: int) -> Dict[str, Any]:
   """One contestant's turn, with the CPU time other processes took meanwhile
   (``other_load``, in cores: machine busy time - this child's, per second)."""
-  b0 = _busy_cpu_seconds()
+  b0 = busy_cpu_seconds()
   t0 = time.perf_counter()
   res = w.run(iters)
   wall = time.perf_counter() - t0
-  res["other_load"] = max(0.0, (_busy_cpu_seconds() - b0 - res["cpu_s"]) / wall)
+  res["other_load"] = max(0.0, (busy_cpu_seconds() - b0 - res["cpu_s"]) / wall)
   return res
 
 
@@ -241,6 +243,7 @@ def run(workload: Workload, contestants: List[Contestant], *, rounds: int = 5,
       w.close()
 
   out: Dict[str, Any] = {"workload": dataclasses.asdict(workload),
+                         "machine": machine.cpu_info(),
                          "rounds": per_round, "reference": reference,
                          "cpu_count": len(cpus) if cpus else os.cpu_count(),
                          "cpus": cpus,

@@ -25,6 +25,7 @@ if __package__ in (None, ""):
 
 import jax  # noqa: E402
 
+from bench import machine  # noqa: E402
 from bench import steps  # noqa: E402
 from vit_jax import console, models  # noqa: E402
 
@@ -69,7 +70,8 @@ def main(argv=None):
       rows.append(dict(r, model=args.model, batch=b, remat=remat,
                        image_size=args.image_size, dtype=args.dtype))
 
-  print(f"\n{args.model} train step (AdamW), {args.image_size}px, "
+  print("\n" + machine.describe())
+  print(f"{args.model} train step (AdamW), {args.image_size}px, "
         f"{args.dtype}, {'unrolled' if args.unrolled else 'nn.scan'}; "
         f"XLA memory_analysis, MiB")
   print(f"{'remat':>6s} {'batch':>6s} {'peak':>9s} {'temp':>9s} "

@@ -31,6 +31,7 @@ if __package__ in (None, ""):
 
 from bench import flops as flops_lib  # noqa: E402
 from bench import harness  # noqa: E402
+from bench import machine  # noqa: E402
 from vit_jax import console, models  # noqa: E402
 
 SWEEPS = {
@@ -74,14 +75,17 @@ def run_point(point, args):
   return row
 
 
-def print_table(sweep, rows):
+def print_table(sweep, rows, best=None):
+  """One sweep's table; ``best``: the roofline (:func:`machine.roofline`)
+  for the '% GEMM' columns."""
   has_torch = "torch_img_per_sec" in rows[0]
   print(f"\n## {sweep} ({rows[0]['mode']}, {rows[0]['dtype']})")
   head = (f"{'model':10s} {'batch':>5s} {'px':>4s} {'tokens':>6s} "
           f"{'GFLOP/img':>9s} {'attn%':>6s} {'jax img/s':>10s} "
-          f"{'jax ms/img':>10s} {'jax GFLOP/s':>11s}")
+          f"{'jax ms/img':>10s} {'jax GFLOP/s':>11s} {'% GEMM':>6s}")
   if has_torch:
-    head += f" {'torch img/s':>11s} {'torch GFLOP/s':>13s} {'ratio':>17s}"
+    head += (f" {'torch img/s':>11s} {'torch GFLOP/s':>13s} {'% GEMM':>6s}"
+             f" {'ratio':>17s}")
   if sweep == "resolution":
     head += f" {'jax ms/img if ~FLOPs':>20s}"
   print(head)
@@ -91,10 +95,12 @@ def print_table(sweep, rows):
             f"{r['tokens']:6d} {r['gflop_per_image']:9.1f} "
             f"{100 * r['attention_fraction']:5.1f}% "
             f"{r['jax_img_per_sec']:10.2f} {r['jax_ms_per_image']:10.1f} "
-            f"{r['jax_gflop_per_sec']:11.0f}")
+            f"{r['jax_gflop_per_sec']:11.0f} "
+            f"{machine.percent_of(r['jax_gflop_per_sec'], best):>6s}")
     if has_torch:
       line += (f" {r['torch_img_per_sec']:11.2f} "
                f"{r['torch_gflop_per_sec']:13.0f} "
+               f"{machine.percent_of(r['torch_gflop_per_sec'], best):>6s} "
                f"{r['ratio']:6.2f}x [{r['ratio_min']:.2f}-"
                f"{r['ratio_max']:.2f}]")
     if sweep == "resolution":
@@ -157,8 +163,10 @@ def plot(results, path, mode, dtype):
              title=f"batch {rows[0]['batch']}, {rows[0]['image_size']} px")
     ax.grid(alpha=0.3)
     ax.legend(fontsize=7)
+  cpu = results.get("machine", {}).get("cpu")
   fig.suptitle(f"ViT {mode} ({dtype}), JAX vs PyTorch, "
-               f"{os.cpu_count()} CPU cores", fontsize=10)
+               + (machine.describe(cpu).replace("CPU: ", "")
+                  if cpu else f"{os.cpu_count()} CPU cores"), fontsize=9)
   os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
   fig.tight_layout()
   fig.savefig(path, dpi=120)
@@ -182,6 +190,7 @@ def main(argv=None):
   p.add_argument("--from-json", metavar="PATH",
                  help="don't measure: print and plot the rows of an earlier "
                       "--json-out file")
+  machine.add_gemm_args(p)
   args = p.parse_args(argv)
 
   results = {}
@@ -193,8 +202,18 @@ def main(argv=None):
   for i, (sweep, point) in enumerate(points):
     harness.log(f"[scaling {i + 1}/{len(points)}] {sweep}: {point}")
     results.setdefault(sweep, []).append(run_point(point, args))
+  if not args.from_json:
+    results["machine"] = {"cpu": machine.cpu_info(),
+                          "gemms": machine.gemms_for(args)}
+  meta = results.get("machine", {})
+  if meta.get("cpu"):
+    print(machine.describe(meta["cpu"]))
+  if meta.get("gemms"):
+    print(machine.format_gemms(meta["gemms"], args.dtype))
+  best = machine.roofline(meta.get("gemms"), args.dtype)
   for sweep, rows in results.items():
-    print_table(sweep, rows)
+    if sweep in SWEEPS:
+      print_table(sweep, rows, best)
   if args.png:
     plot(results, args.png, args.mode, args.dtype)
     print(f"\nwrote {args.png}")

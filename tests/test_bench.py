@@ -11,12 +11,33 @@ import pytest
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO)
 
-from bench import ab, bench, flops  # noqa: E402  pylint: disable=wrong-import-position
+from bench import ab, bench, flops, machine  # noqa: E402  pylint: disable=wrong-import-position
 from vit_jax import models  # noqa: E402  pylint: disable=wrong-import-position
 
 TINY = ["--model", "vit_ti_16", "--image-size", "32", "--batch", "2",
         "--rounds", "1", "--round-seconds", "0.05", "--warmup", "0",
-        "--max-retries", "0"]
+        "--max-retries", "0", "--no-gemm"]
+# The roofline measured, but small: a 256^3 GEMM and the tiny model's shapes.
+TINY_GEMM = [a for a in TINY if a != "--no-gemm"] + [
+    "--gemm-seconds", "0.05", "--gemm-square", "256"]
+
+ZEN4 = """processor\t: 0
+vendor_id\t: AuthenticAMD
+cpu family\t: 25
+model\t\t: 17
+model name\t: AMD EPYC 9R14 96-Core Processor
+flags\t\t: fpu sse sse2 avx avx2 fma avx512f avx512bw avx512_bf16 avx512_vnni
+
+processor\t: 1
+vendor_id\t: AuthenticAMD
+"""
+SAPPHIRE_RAPIDS = """processor\t: 0
+vendor_id\t: GenuineIntel
+cpu family\t: 6
+model\t\t: 143
+model name\t: Intel(R) Xeon(R) Platinum 8488C
+flags\t\t: avx2 avx512f avx512_bf16 avx512_vnni amx_bf16 amx_tile amx_int8
+"""
 
 
 def test_analytic_flops():
@@ -34,10 +55,47 @@ def test_analytic_flops():
                                                                    "infer")
 
 
+def test_cpuinfo_names_the_cpu_and_its_isa():
+  zen4 = machine.parse_cpuinfo(ZEN4)
+  assert (zen4["vendor"], zen4["family"], zen4["model"]) == (
+      "AuthenticAMD", 25, 17)
+  assert zen4["uarch"] == "Zen 4"
+  assert zen4["isa"]["AVX-512"] and zen4["isa"]["AVX512-BF16"]
+  assert not zen4["isa"]["AMX-BF16"]
+  line = machine.describe(zen4)
+  assert ("AMD EPYC 9R14" in line and "family 25, model 17: Zen 4" in line
+          and "AVX512-BF16 yes" in line and "AMX no" in line)
+  spr = machine.parse_cpuinfo(SAPPHIRE_RAPIDS)
+  assert spr["uarch"] == "Sapphire Rapids" and spr["isa"]["AMX-BF16"]
+  assert "AMX yes" in machine.describe(spr)
+  # This machine: whatever it is, it is named.
+  here = machine.cpu_info()
+  assert here["model_name"] and machine.describe(here).startswith("CPU: ")
+
+
+def test_gemm_rates_and_roofline():
+  pytest.importorskip("torch")
+  shapes = [(128, 64, 96)] + machine.model_gemm_shapes("vit_ti_16", 2, 32)
+  assert shapes[1:] == [(10, 192, 192), (10, 192, 768), (10, 768, 192)]
+  g = machine.measure_gemms(shapes, seconds=0.02)
+  kinds = {(r["framework"], r["dtype"]) for r in g["rates"]}
+  assert kinds == set(machine.GEMM_KINDS)
+  assert len(g["rates"]) == 4 * len(shapes)
+  assert all(r["gflops"] > 0 for r in g["rates"])
+  best = machine.roofline(g, "bfloat16")
+  assert best["gflops"] == max(r["gflops"] for r in g["rates"]
+                               if r["dtype"] == "bfloat16")
+  table = machine.format_gemms(g, "float32")
+  assert "torch bfloat16 (oneDNN)" in table and "roofline (float32)" in table
+  assert machine.percent_of(best["gflops"] / 2, best) == "50%"
+  assert machine.roofline(None, "float32") is None
+
+
 @pytest.mark.parametrize("mode", ["infer", "train"])
 def test_bench_jax_vs_torch_json(mode, capsys):
   pytest.importorskip("torch")
-  rec = bench.main(TINY + ["--mode", mode, "--json"])
+  rec = bench.main((TINY_GEMM if mode == "infer" else TINY) +
+                   ["--mode", mode, "--json"])
   out = json.loads(capsys.readouterr().out)
   for key in ("jax_img_per_sec", "torch_img_per_sec", "ratio",
               "cpu_time_ratio", "gflop_per_image", "jax_compile_s"):
@@ -50,6 +108,11 @@ def test_bench_jax_vs_torch_json(mode, capsys):
   assert out["details"]["rounds"][0]["jax"]["iters"] >= 1
   table = bench.format_table(rec)
   assert "vs torch" in table and "img/s" in table
+  # Every table names the CPU; with the GEMMs timed, the roofline column.
+  assert table.startswith("CPU: ") and out["machine"]["model_name"]
+  if mode == "infer":
+    assert out["gemm_peak_gflops"] > 0 and out["jax_pct_of_gemm_peak"] > 0
+    assert "% GEMM" in table and "roofline (float32)" in table
 
 
 def test_bench_jax_only_with_options():
@@ -71,6 +134,19 @@ def test_ab_config_parsing():
   assert c.options["donate"] is False and c.env == {"FOO": "1"}
   with pytest.raises(ValueError, match="unknown key"):
     ab.parse_config("y:nonsense=1")
+
+
+def test_ab_runs_two_configs_side_by_side(capsys):
+  res = ab.main(["--model", "vit_ti_16", "--image-size", "32", "--batch", "2",
+                 "--rounds", "1", "--round-seconds", "0.05",
+                 "--max-retries", "0", "--gemm-seconds", "0.02",
+                 "--gemm-square", "128", "--config", "a:",
+                 "--config", "b:opt.scan_layers=true"])
+  out = capsys.readouterr().out
+  assert set(res["contestants"]) == {"a", "b"}
+  assert out.startswith("CPU: ") and "% GEMM" in out and "vs a" in out
+  # Only the workload's dtype is timed for the roofline.
+  assert {r["dtype"] for r in res["gemms"]["rates"]} == {"float32"}
 
 
 def test_memory_and_compile_time_scripts_run():
@@ -98,10 +174,14 @@ def test_scaling_writes_table_png_and_json(tmp_path, monkeypatch, capsys):
       "model": [dict(tiny, batch=1)]})
   png, js = tmp_path / "s.png", tmp_path / "s.json"
   res = scaling.main(["--rounds", "1", "--round-seconds", "0.05", "--no-torch",
-                      "--png", str(png), "--json-out", str(js)])
+                      "--png", str(png), "--json-out", str(js),
+                      "--gemm-seconds", "0.02", "--gemm-square", "128"])
   assert png.stat().st_size > 1000
   assert json.loads(js.read_text()).keys() == res.keys()
   r = res["resolution"]
   assert r[1]["tokens"] == 10 and r[1]["attention_fraction"] > r[0][
       "attention_fraction"]
-  assert "jax ms/img if ~FLOPs" in capsys.readouterr().out
+  out = capsys.readouterr().out
+  assert "jax ms/img if ~FLOPs" in out
+  assert out.startswith("CPU: ") and "% GEMM" in out
+  assert res["machine"]["gemms"]["rates"]

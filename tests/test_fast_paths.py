@@ -2,12 +2,16 @@
 hand-written backward) as jax.nn.dot_product_attention, and the bfloat16
 matmuls with float32 accumulation as plain ones."""
 
+import functools
+import re
+
+import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from vit_jax import kernels, models
+from vit_jax import kernels, layers, models
 
 
 def _qkv(b=2, n=7, h=3, hd=8, dtype=jnp.float32, seed=0):
@@ -83,15 +87,20 @@ def test_sown_weights_and_attention_dropout_still_work():
   assert not np.allclose(a, b)
 
 
-def test_low_precision_dense_accumulates_in_float32_forward_and_backward():
+# The kernel gradient transposes the narrower of x and g on CPU: both
+# branches; 'gpu' takes the plain-dot backward (it runs on any backend).
+@pytest.mark.parametrize("backend", ["cpu", "gpu"])
+@pytest.mark.parametrize("k_in, n_out", [(64, 32), (32, 64)])
+def test_low_precision_dense_accumulates_in_float32_forward_and_backward(
+    k_in, n_out, backend):
   kx, kw, kb, kg = jax.random.split(jax.random.key(3), 4)
-  x = jax.random.normal(kx, (2, 5, 64), jnp.bfloat16)
-  w = jax.random.normal(kw, (64, 32), jnp.float32)   # float32 parameters
-  b = jax.random.normal(kb, (32,), jnp.float32)
-  g = jax.random.normal(kg, (2, 5, 32), jnp.bfloat16)
+  x = jax.random.normal(kx, (2, 5, k_in), jnp.bfloat16)
+  w = jax.random.normal(kw, (k_in, n_out), jnp.float32)  # float32 parameters
+  b = jax.random.normal(kb, (n_out,), jnp.float32)
+  g = jax.random.normal(kg, (2, 5, n_out), jnp.bfloat16)
   f32 = lambda t: t.astype(jnp.float32)
   w16 = f32(w.astype(jnp.bfloat16))  # what the bf16 GEMM sees
-  dense = kernels.dense
+  dense = functools.partial(kernels.dense, backend=backend)
   y, vjp = jax.vjp(dense, x, w, b)
   assert y.dtype == jnp.bfloat16
   np.testing.assert_allclose(f32(y), f32(x) @ w16 + b, rtol=1e-2, atol=3e-2)
@@ -100,9 +109,9 @@ def test_low_precision_dense_accumulates_in_float32_forward_and_backward():
   assert dw.dtype == db.dtype == jnp.float32  # no bf16 rounding of grads
   np.testing.assert_allclose(f32(dx), f32(g) @ w16.T, rtol=2e-2, atol=5e-2)
   np.testing.assert_allclose(
-      dw, f32(x).reshape(-1, 64).T @ f32(g).reshape(-1, 32), rtol=1e-5,
+      dw, f32(x).reshape(-1, k_in).T @ f32(g).reshape(-1, n_out), rtol=1e-5,
       atol=1e-4)
-  np.testing.assert_allclose(db, f32(g).reshape(-1, 32).sum(0), rtol=1e-6,
+  np.testing.assert_allclose(db, f32(g).reshape(-1, n_out).sum(0), rtol=1e-6,
                              atol=1e-5)
   # A float32 hidden output (the MLP's, before GELU) keeps float32.
   assert dense(x, w, b, jnp.float32).dtype == jnp.float32
@@ -171,6 +180,161 @@ def test_attention_choice_per_backend(backend, dtype, head_dim, kw, want):
   assert kernels.choose_attention(backend, dtype, head_dim, **kw) == want
 
 
+@pytest.mark.parametrize("backend, dtype, want", [
+    ("cpu", jnp.float32, "plain"),
+    ("cpu", jnp.bfloat16, "low_cpu"),
+    ("cpu", jnp.float16, "low_cpu"),
+    ("gpu", jnp.bfloat16, "low"),
+    ("cuda", jnp.float16, "low"),
+    ("tpu", jnp.bfloat16, "low"),
+    ("gpu", jnp.float32, "plain"),
+    ("tpu", jnp.float32, "plain"),
+])
+def test_dense_choice_per_backend(backend, dtype, want):
+  """Which dense form each backend would run, asked on a CPU machine."""
+  assert kernels.choose_dense(backend, dtype) == want
+
+
+def test_dense_backward_layout_per_backend():
+  """The CPU form materialises a transpose for the kernel gradient (XLA:CPU's
+  bf16 library takes only row-major GEMMs); the form for other backends
+  hands the transposed contraction to the dot and copies nothing. Both keep
+  every GEMM's operands bf16."""
+  x = jnp.zeros((2, 5, 32), jnp.bfloat16)
+  w, b = jnp.zeros((32, 64)), jnp.zeros((64,))
+
+  def grad_jaxpr(backend):
+    loss = lambda x, w, b: kernels.dense(x, w, b, backend=backend).astype(
+        jnp.float32).sum()
+    return jax.make_jaxpr(jax.grad(loss, argnums=(0, 1, 2)))(x, w, b)
+
+  def eqns(jaxpr):
+    for e in jaxpr.eqns:
+      yield e
+      for sub in jax.extend.core.jaxprs_in_params(e.params):
+        yield from eqns(sub)
+
+  for backend, transposes in (("cpu", 1), ("gpu", 0)):
+    found = list(eqns(grad_jaxpr(backend).jaxpr))
+    dots = [e for e in found if e.primitive.name == "dot_general"]
+    assert len(dots) == 3
+    assert all(v.aval.dtype == jnp.bfloat16 for e in dots for v in e.invars)
+    assert sum(e.primitive.name == "transpose" for e in found) == transposes
+
+
 def test_unknown_attention_impl_is_named():
   with pytest.raises(ValueError, match="attention_impl='flash'"):
     kernels.choose_attention("gpu", jnp.bfloat16, 64, requested="flash")
+
+
+@pytest.mark.parametrize("n", [7, 300])  # one fused block; chunked
+def test_bfloat16_attention_gradients_match_float32(n):
+  """The bf16 backward pass (transposed dv / dk products from copies) is
+  the float32 one up to bf16 rounding, on both the fused and the chunked
+  path."""
+  q, k, v = _qkv(b=2, n=n, h=3, hd=8, seed=7)
+  w = jax.random.normal(jax.random.key(8), q.shape)
+  grad = lambda *a: jax.grad(lambda *t: jnp.sum(
+      _core(*t).astype(jnp.float32) * w), argnums=(0, 1, 2))(*a)
+  g32 = grad(q, k, v)
+  g16 = grad(*(t.astype(jnp.bfloat16) for t in (q, k, v)))
+  for a, b in zip(g16, g32):
+    assert a.dtype == jnp.bfloat16
+    np.testing.assert_allclose(a.astype(jnp.float32), b,
+                               atol=0.03 * float(jnp.abs(b).max()))
+
+
+@pytest.mark.parametrize("use_scale, use_bias", [(True, True), (False, True),
+                                                 (True, False)])
+def test_layer_norm_equals_flax_forward_and_backward(use_scale, use_bias):
+  kw = dict(epsilon=1e-6, use_scale=use_scale, use_bias=use_bias)
+  x = 3.0 * jax.random.normal(jax.random.key(10), (2, 7, 48)) + 1.5
+  w = jax.random.normal(jax.random.key(11), x.shape)
+  ref, ours = nn.LayerNorm(**kw), layers.LayerNorm(**kw)
+  params = ref.init(jax.random.key(12), x)
+  assert (jax.tree_util.tree_structure(params) ==
+          jax.tree_util.tree_structure(ours.init(jax.random.key(12), x)))
+  params = jax.tree_util.tree_map(
+      lambda a: a + 0.3 * jnp.sin(jnp.arange(a.size)).reshape(a.shape),
+      params)
+  np.testing.assert_allclose(ours.apply(params, x), ref.apply(params, x),
+                             rtol=1e-5, atol=1e-5)
+  grad = lambda m: jax.grad(lambda p, x: jnp.sum(m.apply(p, x) * w),
+                            argnums=(0, 1))(params, x)
+  for a, b in zip(jax.tree_util.tree_leaves(grad(ours)),
+                  jax.tree_util.tree_leaves(grad(ref))):
+    np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-4)
+  # bfloat16 activations, float32 statistics and parameter gradients.
+  ln16 = layers.LayerNorm(dtype=jnp.bfloat16, **kw)
+  y16 = ln16.apply(params, x.astype(jnp.bfloat16))
+  assert y16.dtype == jnp.bfloat16
+  np.testing.assert_allclose(y16.astype(jnp.float32), ref.apply(params, x),
+                             atol=0.05)
+  gp = jax.grad(lambda p: jnp.sum(ln16.apply(p, x.astype(jnp.bfloat16))
+                                  .astype(jnp.float32) * w))(params)
+  assert all(a.dtype == jnp.float32 for a in jax.tree_util.tree_leaves(gp))
+
+
+@pytest.mark.parametrize("size, patch, bias", [(32, 16, True), (37, 16, True),
+                                               (12, 4, False), (8, 1, True)])
+def test_patch_embed_equals_the_strided_convolution(size, patch, bias):
+  """Same parameters, initialisers and function as nn.Conv with stride =
+  kernel = patch, VALID padding (rows past the last patch dropped)."""
+  conv = nn.Conv(24, (patch, patch), strides=(patch, patch), padding="VALID",
+                 use_bias=bias)
+  ours = layers.PatchEmbed(24, patch, use_bias=bias)
+  x = jax.random.normal(jax.random.key(13), (2, size, size, 3))
+  params = conv.init(jax.random.key(14), x)
+  jax.tree_util.tree_map(np.testing.assert_array_equal, params,
+                         ours.init(jax.random.key(14), x))  # same init
+  params = jax.tree_util.tree_map(lambda a: a + 0.1, params)
+  np.testing.assert_allclose(ours.apply(params, x), conv.apply(params, x),
+                             rtol=1e-5, atol=1e-5)
+  w = jax.random.normal(jax.random.key(15), conv.apply(params, x).shape)
+  grad = lambda m: jax.grad(lambda p: jnp.sum(m.apply(p, x) * w))(params)
+  for a, b in zip(jax.tree_util.tree_leaves(grad(ours)),
+                  jax.tree_util.tree_leaves(grad(conv))):
+    np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-4)
+
+
+def _dot_flops_by_operand_dtype(hlo: str):
+  """FLOPs of the compiled module's dots, by operand element type."""
+  shapes = dict(re.findall(r"%([\w.\-]+) = (\w+\[[\d,]*\])", hlo))
+  dims = lambda s: [int(d) for d in re.findall(r"\d+", s.split("[")[1])]
+  out = {}
+  for m in re.finditer(r"= (\w+\[[\d,]*\])\S* dot\(%([\w.\-]+), %([\w.\-]+)\)"
+                       r".*?lhs_contracting_dims=\{([\d,]*)\}", hlo):
+    res, lhs, _, contracting = m.groups()
+    k = np.prod([dims(shapes[lhs])[int(i)] for i in contracting.split(",")])
+    dtype = shapes[lhs].split("[")[0]
+    out[dtype] = out.get(dtype, 0) + 2 * np.prod(dims(res)) * k
+  return out
+
+
+def test_bfloat16_train_step_runs_its_gemms_in_bfloat16_on_cpu():
+  """XLA:CPU upcasts a bf16 GEMM to float32 (about half the speed) when the
+  dot has a layout its bf16 library does not take; the kernels are written
+  so that none does. Nearly all GEMM FLOPs of a bf16 train step must keep
+  bf16 operands (the float32 rest: the tiny classifier head)."""
+  if jax.default_backend() != "cpu":
+    pytest.skip("XLA:CPU's dot lowering")
+  import optax  # pylint: disable=import-outside-toplevel
+  model = models.get_model("vit_ti_16", num_layers=2, num_classes=10,
+                           dtype=jnp.bfloat16)
+  params = jax.eval_shape(lambda: models.init_params(model, 64))["params"]
+  tx = optax.adamw(1e-3)
+
+  def step(p, s, x, y):
+    loss = lambda p: optax.softmax_cross_entropy_with_integer_labels(
+        model.apply({"params": p}, x, train=True).astype(jnp.float32),
+        y).mean()
+    g = jax.grad(loss)(p)
+    u, s = tx.update(g, s, p)
+    return optax.apply_updates(p, u), s
+
+  hlo = jax.jit(step).lower(
+      params, jax.eval_shape(tx.init, params),
+      jax.ShapeDtypeStruct((8, 64, 64, 3), jnp.float32),
+      jax.ShapeDtypeStruct((8,), jnp.int32)).compile().as_text()
+  flops = _dot_flops_by_operand_dtype(hlo)
+  assert flops.get("bf16", 0) > 0.97 * sum(flops.values()), flops

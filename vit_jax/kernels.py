@@ -3,7 +3,9 @@
 * :func:`dense`: ``x @ kernel + bias`` with float32 accumulation (and
   float32 parameter gradients) for bfloat16/float16 inputs, as one
   custom-VJP op: XLA:CPU runs bf16 x bf16 -> f32 dots on its AVX512-BF16
-  path, about twice as fast as bf16 -> bf16.
+  path, about twice as fast as bf16 -> bf16. :func:`choose_dense` says which
+  form a backend gets (the CPU one lays its backward GEMMs out for XLA:CPU's
+  bf16 library).
 * :func:`attention`: softmax(q k^T * scale) v on head-major operands with a
   hand-written backward pass and, for long sequences, a chunked loop
   (flash-attention style memory). The fastest attention on XLA:CPU.
@@ -27,21 +29,51 @@ from jax import lax
 _LOW_PRECISION = (jnp.bfloat16, jnp.float16)
 
 
-def dense(x, kernel, bias=None, out_dtype=None):
+DENSE_IMPLS = ("plain", "low_cpu", "low")
+
+
+def choose_dense(backend: str, dtype) -> str:
+  """The dense-layer implementation for compute dtype ``dtype`` on
+  ``backend`` (``jax.default_backend()``: 'cpu', 'gpu', 'tpu', ...).
+
+  Returns:
+    ``'plain'`` for float32/float64: ``x @ kernel + bias`` and autodiff.
+    ``'low_cpu'`` for bfloat16/float16 on CPU: :func:`_dense_low` with its
+    backward GEMMs laid out for XLA:CPU's bf16 library (the input gradient
+    as one NT dot, the kernel gradient from a materialised transpose), so
+    that none is upcast to float32.
+    ``'low'`` for bfloat16/float16 elsewhere: the same custom VJP with
+    plain dot_generals (cuBLAS and the TPU take any operand layout; the
+    transposes would only be copies). Plain autodiff of a
+    ``preferred_element_type=float32`` dot is not enough there: its
+    backward multiplies the float32 cotangent by the bf16 operand (a mixed
+    GEMM that XLA runs in float32) and rounds the kernel gradient to bf16
+    before casting it to the float32 parameter's dtype; the custom VJP
+    keeps every GEMM bf16 x bf16 -> f32 and the parameter gradients
+    unrounded float32.
+  """
+  if jnp.dtype(dtype) not in (jnp.dtype(t) for t in _LOW_PRECISION):
+    return "plain"
+  return "low_cpu" if backend == "cpu" else "low"
+
+
+def dense(x, kernel, bias=None, out_dtype=None, backend=None):
   """x (..., K) @ kernel (K, N) + bias, computed in x's dtype, returned in
   ``out_dtype`` (default x's). Parameters may be float32 (their gradients
-  then are too). The float32 path is the plain one; see ``_dense_low``.
-  ``bias=None``: no bias."""
+  then are too). ``bias=None``: no bias. ``backend`` (default
+  ``jax.default_backend()``) picks the form through :func:`choose_dense`."""
   if bias is None:
     bias = jnp.zeros(kernel.shape[-1:], kernel.dtype)
-  if x.dtype in _LOW_PRECISION:
-    return _dense_low(x, kernel, bias, jnp.dtype(out_dtype or x.dtype))
+  impl = choose_dense(backend or jax.default_backend(), x.dtype)
+  if impl != "plain":
+    return _dense_low(x, kernel, bias, jnp.dtype(out_dtype or x.dtype),
+                      impl == "low_cpu")
   y = x @ kernel.astype(x.dtype) + bias.astype(x.dtype)
   return y if out_dtype is None else y.astype(out_dtype)
 
 
-@functools.partial(jax.custom_vjp, nondiff_argnums=(3,))
-def _dense_low(x, kernel, bias, out_dtype):
+@functools.partial(jax.custom_vjp, nondiff_argnums=(3, 4))
+def _dense_low(x, kernel, bias, out_dtype, cpu_layout):
   """``_dense`` for bfloat16/float16 x: every GEMM takes low-precision
   operands and accumulates into float32, bias added in float32.
 
@@ -51,30 +83,113 @@ def _dense_low(x, kernel, bias, out_dtype):
   bias gradient over the batch far more slowly than a float32 one
   (bench/README.md). So here the forward and both backward GEMMs accumulate
   in float32, the kernel and bias gradients stay float32 (no bf16 rounding of
-  parameter gradients), and the result is rounded once."""
-  return _dense_low_fwd(x, kernel, bias, out_dtype)[0]
+  parameter gradients), and the result is rounded once. ``cpu_layout``:
+  the backward GEMMs in the layouts XLA:CPU's bf16 library takes (see
+  :func:`choose_dense`)."""
+  return _dense_low_fwd(x, kernel, bias, out_dtype, cpu_layout)[0]
 
 
-def _dense_low_fwd(x, kernel, bias, out_dtype):
+def _dense_low_fwd(x, kernel, bias, out_dtype, cpu_layout):
+  del cpu_layout
   y = jnp.matmul(x, kernel.astype(x.dtype),
                  preferred_element_type=jnp.float32) + bias.astype(jnp.float32)
   return y.astype(out_dtype), (x, kernel, bias)
 
 
-def _dense_low_bwd(out_dtype, res, g):
+def _dense_low_bwd(out_dtype, cpu_layout, res, g):
   del out_dtype
   x, kernel, bias = res
   f32 = jnp.float32
   g_low = g.astype(x.dtype)
-  dx = jnp.matmul(g_low, kernel.astype(x.dtype).T, preferred_element_type=f32)
+  # dx = g @ kernel^T as one dot_general contracting both last axes: the
+  # form XLA:CPU's library (YNNPACK) takes in bf16. ``g @ kernel.T`` would put
+  # a transpose op in front of the dot, and XLA:CPU then upcasts the GEMM to
+  # float32 (about half the speed).
+  dx = _dot(g_low, kernel.astype(x.dtype), ((g.ndim - 1,), (1,)))
   x2, g2 = x.reshape(-1, x.shape[-1]), g_low.reshape(-1, g.shape[-1])
-  dkernel = jnp.matmul(x2.T, g2, preferred_element_type=f32)
+  # dkernel = x^T @ g contracts over the rows of both: a layout YNNPACK does
+  # not take, so XLA:CPU would upcast it to a float32 Eigen GEMM. One copy of
+  # the smaller operand, transposed, makes it a plain row-major GEMM in bf16
+  # (2-3x faster, transpose included; bench/README.md).
+  if not cpu_layout:
+    dkernel = _dot(x2, g2, ((0,), (0,)))
+  elif x2.shape[1] <= g2.shape[1]:
+    dkernel = _dot(materialized_transpose(x2), g2, ((1,), (0,)))
+  else:
+    dkernel = materialized_transpose(
+        _dot(materialized_transpose(g2), x2, ((1,), (0,))))
   dbias = jnp.sum(g.astype(f32).reshape(-1, g.shape[-1]), axis=0)
   return (dx.astype(x.dtype), dkernel.astype(kernel.dtype),
           dbias.astype(bias.dtype))
 
 
+def _dot(a, b, contracting):
+  """dot_general with float32 accumulation and no batch dimensions."""
+  return lax.dot_general(a, b, (contracting, ((), ())),
+                         preferred_element_type=jnp.float32)
+
+
+def materialized_transpose(x):
+  """(M, K) -> (K, M) as a copy in memory that XLA does not fold into the
+  dot consuming it (a plain ``x.T`` is folded into the dot's dimension
+  numbers, which on XLA:CPU turns a bf16 GEMM into a float32 one). Written
+  as a rank-3 transpose between two reshapes, which the algebraic
+  simplifier leaves as a transpose-copy."""
+  m, k = x.shape
+  return jnp.transpose(x.reshape(m, k, 1), (2, 1, 0)).reshape(k, m)
+
+
 _dense_low.defvjp(_dense_low_fwd, _dense_low_bwd)
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(3, 4))
+def layer_norm(x, scale, bias, eps, out_dtype):
+  """LayerNorm over the last axis: ``(x - mean) / sqrt(var + eps) * scale
+  + bias``, statistics in float32 (as flax's ``nn.LayerNorm``), returned in
+  ``out_dtype``; ``scale`` / ``bias`` may be None.
+
+  One custom-VJP op: the backward pass is the closed form
+  ``dx = rstd * (g' - mean(g') - xhat * mean(g' * xhat))`` with
+  ``g' = g * scale``, from the saved input and per-row statistics, instead
+  of autodiff through the mean and variance (several more passes over the
+  activations and broadcast temporaries on XLA:CPU; bench/README.md).
+  """
+  return _layer_norm_fwd(x, scale, bias, eps, out_dtype)[0]
+
+
+def _layer_norm_fwd(x, scale, bias, eps, out_dtype):
+  # One pass for both moments, var = E[x^2] - E[x]^2, as flax's LayerNorm
+  # (use_fast_variance) computes it.
+  xf = x.astype(jnp.float32)
+  mean = jnp.mean(xf, axis=-1, keepdims=True)
+  var = jnp.maximum(jnp.mean(xf * xf, axis=-1, keepdims=True) - mean * mean,
+                    0.0)
+  rstd = lax.rsqrt(var + eps)
+  y = (xf - mean) * rstd
+  if scale is not None:
+    y = y * scale.astype(jnp.float32)
+  if bias is not None:
+    y = y + bias.astype(jnp.float32)
+  return y.astype(out_dtype), (x, scale, bias, mean, rstd)
+
+
+def _layer_norm_bwd(eps, out_dtype, res, g):
+  del eps, out_dtype
+  x, scale, bias, mean, rstd = res
+  f32 = jnp.float32
+  gf = g.astype(f32)
+  xhat = (x.astype(f32) - mean) * rstd
+  rows = tuple(range(x.ndim - 1))
+  dscale = None if scale is None else jnp.sum(gf * xhat, axis=rows).astype(
+      scale.dtype)
+  dbias = None if bias is None else jnp.sum(gf, axis=rows).astype(bias.dtype)
+  gs = gf if scale is None else gf * scale.astype(f32)
+  dx = rstd * (gs - jnp.mean(gs, axis=-1, keepdims=True)
+               - xhat * jnp.mean(gs * xhat, axis=-1, keepdims=True))
+  return dx.astype(x.dtype), dscale, dbias
+
+
+layer_norm.defvjp(_layer_norm_fwd, _layer_norm_bwd)
 
 
 def head_major(x):
@@ -123,17 +238,28 @@ def attention(qh, kh, vh, scale):
   return _attention_fwd(qh, kh, vh, scale)[0]
 
 
+def _bdot(a, b, contracting):
+  """dot_general over a leading batch axis, float32 accumulation."""
+  return lax.dot_general(a, b, (contracting, ((0,), (0,))),
+                         preferred_element_type=jnp.float32)
+
+
+def _swap_last(x):
+  """(G, A, B) -> (G, B, A), materialised in memory (see
+  :func:`materialized_transpose`)."""
+  g, a, b = x.shape
+  return jnp.transpose(x.reshape(g, a, b, 1), (0, 3, 2, 1)).reshape(g, b, a)
+
+
 def _attention_block_fwd(q, k, v, scale):
-  """(..., N, hd) blocks -> output, row max of the logits, 1 / row sum of
+  """(G, N, hd) blocks -> output, row max of the logits, 1 / row sum of
   exp(logits - max), and those exponentials."""
   f32 = jnp.float32
-  s = jnp.einsum("...qd,...kd->...qk", q * jnp.asarray(scale, q.dtype), k,
-                 preferred_element_type=f32)
+  s = _bdot(q * jnp.asarray(scale, q.dtype), k, ((2,), (2,)))
   m = jnp.max(s, axis=-1, keepdims=True)
   e = jnp.exp(s - m)
   inv_l = 1.0 / jnp.sum(e, axis=-1, keepdims=True)
-  o = jnp.einsum("...qk,...kd->...qd", e.astype(v.dtype), v,
-                 preferred_element_type=f32)
+  o = _bdot(e.astype(v.dtype), v, ((2,), (1,)))
   return (o * inv_l).astype(v.dtype), m, inv_l, e
 
 
@@ -141,14 +267,24 @@ def _attention_block_bwd(q, k, v, o, e, inv_l, do, scale):
   f32 = jnp.float32
   # p = e * inv_l is never materialised: 1/l is folded into (N, hd) terms.
   # Every product accumulates in float32 (the fast bf16 path on CPU).
-  dv = jnp.einsum("...qk,...qd->...kd", e.astype(do.dtype),
-                  (do * inv_l).astype(do.dtype), preferred_element_type=f32)
-  dp = jnp.einsum("...qd,...kd->...qk", do, v, preferred_element_type=f32)
+  do_l = (do * inv_l).astype(do.dtype)
+  dp = _bdot(do, v, ((2,), (2,)))
   # rowsum(dp * p) == rowsum(do * o): softmax's Jacobian-vector product.
   delta = jnp.sum(do.astype(f32) * o.astype(f32), axis=-1, keepdims=True)
   ds = (e * ((dp - delta) * (inv_l * scale))).astype(q.dtype)
-  dq = jnp.einsum("...qk,...kd->...qd", ds, k, preferred_element_type=f32)
-  dk = jnp.einsum("...qk,...qd->...kd", ds, q, preferred_element_type=f32)
+  dq = _bdot(ds, k, ((2,), (1,)))
+  e = e.astype(do.dtype)
+  if q.dtype in _LOW_PRECISION:
+    # dv = e^T (do / l) and dk = ds^T q contract over the rows of both
+    # operands, a layout XLA:CPU's bf16 GEMM library does not take (it would
+    # upcast them to float32 Eigen GEMMs); computed transposed, as
+    # (do / l)^T e and q^T ds, from copies of the small (N, hd) operands,
+    # they stay bf16 (~1.5x faster attention backward, bench/README.md).
+    dv = _swap_last(_bdot(_swap_last(do_l), e, ((2,), (1,))))
+    dk = _swap_last(_bdot(_swap_last(q), ds, ((2,), (1,))))
+  else:  # float32: Eigen contracts over rows directly, faster than copies
+    dv = _bdot(e, do_l, ((1,), (1,)))
+    dk = _bdot(ds, q, ((1,), (1,)))
   return dq.astype(q.dtype), dk.astype(k.dtype), dv.astype(v.dtype)
 
 
@@ -163,35 +299,45 @@ def attention_chunks(qh, kh):
   return max(g for g in range(1, min(pairs, fit) + 1) if pairs % g == 0)
 
 
+def _flat(t):
+  """(B, H, N, hd) -> (B*H, N, hd): one batch axis for every GEMM."""
+  return t.reshape((-1,) + t.shape[2:])
+
+
 def _attention_fwd(qh, kh, vh, scale):
   g = attention_chunks(qh, kh)
+  q, k, v = _flat(qh), _flat(kh), _flat(vh)
   if g is None:
-    o, _, inv_l, e = _attention_block_fwd(qh, kh, vh, scale)
-    return o, (qh, kh, vh, o, e, None, inv_l)
-  split = lambda t: t.reshape(-1, g, *t.shape[2:])
-  o, m, inv_l = lax.map(
-      lambda a: _attention_block_fwd(*a, scale)[:3],
-      (split(qh), split(kh), split(vh)))
+    o, _, inv_l, e = _attention_block_fwd(q, k, v, scale)
+    m = None
+  else:
+    split = lambda t: t.reshape(-1, g, *t.shape[1:])
+    o, m, inv_l = lax.map(
+        lambda a: _attention_block_fwd(*a, scale)[:3],
+        (split(q), split(k), split(v)))
+    e = None
   o = o.reshape(qh.shape)
-  return o, (qh, kh, vh, o, None, m, inv_l)
+  return o, (qh, kh, vh, o, e, m, inv_l)
 
 
 def _attention_bwd(scale, res, do):
   qh, kh, vh, o, e, m, inv_l = res
+  q, k, v, o, do = (_flat(t) for t in (qh, kh, vh, o, do))
   if e is not None:
-    return _attention_block_bwd(qh, kh, vh, o, e, inv_l, do, scale)
-  g = attention_chunks(qh, kh)
-  split = lambda t: t.reshape(-1, g, *t.shape[2:])
+    grads = _attention_block_bwd(q, k, v, o, e, inv_l, do, scale)
+  else:
+    g = m.shape[1]
+    split = lambda t: t.reshape(-1, g, *t.shape[1:])
 
-  def chunk(args):
-    q, k, v, o_c, m_c, inv_l_c, do_c = args
-    s = jnp.einsum("...qd,...kd->...qk", q * jnp.asarray(scale, q.dtype), k,
-                   preferred_element_type=jnp.float32)
-    e_c = jnp.exp(s - m_c)  # the forward's exponentials, recomputed
-    return _attention_block_bwd(q, k, v, o_c, e_c, inv_l_c, do_c, scale)
+    def chunk(args):
+      q_c, k_c, v_c, o_c, m_c, inv_l_c, do_c = args
+      s = _bdot(q_c * jnp.asarray(scale, q_c.dtype), k_c, ((2,), (2,)))
+      e_c = jnp.exp(s - m_c)  # the forward's exponentials, recomputed
+      return _attention_block_bwd(q_c, k_c, v_c, o_c, e_c, inv_l_c, do_c,
+                                  scale)
 
-  grads = lax.map(chunk, (split(qh), split(kh), split(vh), split(o), m, inv_l,
-                          split(do)))
+    grads = lax.map(chunk, (split(q), split(k), split(v), split(o), m, inv_l,
+                            split(do)))
   return tuple(d.reshape(t.shape) for d, t in zip(grads, (qh, kh, vh)))
 
 

@@ -84,6 +84,29 @@ def _drop_path(module: nn.Module, x, rate, deterministic: bool):
 # --------------------------------------------------------------------------- #
 
 
+class LayerNorm(nn.Module):
+  """``nn.LayerNorm``'s parameters (``scale``, ``bias``), initialisers and
+  function (float32 statistics, output in ``dtype``), computed by
+  :func:`vit_jax.kernels.layer_norm` (a closed-form backward pass)."""
+
+  epsilon: float = 1e-6
+  dtype: Optional[Dtype] = None
+  param_dtype: Dtype = jnp.float32
+  use_bias: bool = True
+  use_scale: bool = True
+
+  @nn.compact
+  def __call__(self, x):
+    d = x.shape[-1]
+    scale = (self.param("scale", nn.initializers.ones_init(), (d,),
+                        self.param_dtype) if self.use_scale else None)
+    bias = (self.param("bias", nn.initializers.zeros_init(), (d,),
+                       self.param_dtype) if self.use_bias else None)
+    out_dtype = self.dtype or jnp.result_type(x.dtype, self.param_dtype)
+    return kernels.layer_norm(x, scale, bias, self.epsilon,
+                              jnp.dtype(out_dtype))
+
+
 class _Projection(nn.Module):
   """Holds a DenseGeneral-shaped kernel and bias (names as linen's)."""
 
@@ -125,6 +148,43 @@ class Dense(nn.Module):
     bias = self.param("bias", self.bias_init, (self.features,),
                       self.param_dtype)
     return kernels.dense(x, kernel, bias, out_dtype)
+
+
+class PatchEmbed(nn.Module):
+  """``nn.Conv(features, (p, p), strides=(p, p), padding='VALID')``: its
+  parameters (``kernel`` (p, p, C, features), ``bias``), initialisers and
+  function, computed as one GEMM of the flattened patches
+  (B*h*w, p*p*C) @ (p*p*C, features) through :func:`vit_jax.kernels.dense`.
+
+  XLA:CPU runs the strided convolution and its kernel gradient far below
+  GEMM speed, and in bfloat16 upcasts both to float32 (bench/README.md);
+  the patch GEMM takes the fast paths of every other dense layer. Rows and
+  columns past the last whole patch are dropped, as a VALID convolution
+  does. ``patch_size=1`` is a 1x1 convolution (the last layer of a
+  convolutional stem).
+  """
+
+  features: int
+  patch_size: int
+  use_bias: bool = True
+  dtype: Optional[Dtype] = None
+  param_dtype: Dtype = jnp.float32
+
+  @nn.compact
+  def __call__(self, x):
+    p = self.patch_size
+    b, height, width, c = x.shape
+    kernel = self.param("kernel", nn.linear.default_kernel_init,
+                        (p, p, c, self.features), self.param_dtype)
+    bias = (self.param("bias", nn.initializers.zeros_init(), (self.features,),
+                       self.param_dtype) if self.use_bias else None)
+    h, w = height // p, width // p
+    x = x[:, :h * p, :w * p].astype(self.dtype or jnp.result_type(
+        x.dtype, self.param_dtype))
+    patches = x.reshape(b, h, p, w, p, c).transpose(0, 1, 3, 2, 4, 5)
+    y = kernels.dense(patches.reshape(b * h * w, p * p * c),
+                      kernel.reshape(p * p * c, self.features), bias)
+    return y.reshape(b, h, w, self.features)
 
 
 def _project(x2d, kernel, bias):
@@ -275,7 +335,7 @@ class Encoder1DBlock(nn.Module):
 
   @nn.compact
   def __call__(self, inputs, drop_path_rate=0.0):
-    ln = functools.partial(nn.LayerNorm, epsilon=self.layer_norm_eps,
+    ln = functools.partial(LayerNorm, epsilon=self.layer_norm_eps,
                            dtype=self.dtype, param_dtype=self.param_dtype)
     drop_path = (
         lambda y: _drop_path(self, y, drop_path_rate, self.deterministic)
@@ -326,7 +386,7 @@ class MAPHead(nn.Module):
         num_heads=self.num_heads, dtype=self.dtype,
         param_dtype=self.param_dtype,
         attention_impl=self.attention_impl)(probe, x)
-    y = nn.LayerNorm(epsilon=self.layer_norm_eps, dtype=self.dtype,
+    y = LayerNorm(epsilon=self.layer_norm_eps, dtype=self.dtype,
                      param_dtype=self.param_dtype)(x)
     x = x + MlpBlock(mlp_dim=self.mlp_dim, dtype=self.dtype,
                      param_dtype=self.param_dtype, act=self.act)(y)
@@ -487,7 +547,7 @@ class Encoder(nn.Module):
         x = jnp.concatenate([prefix.astype(x.dtype), x], axis=1)
       x = pos(x)
     x = nn.Dropout(self.dropout_rate)(x, deterministic=not train)
-    ln = functools.partial(nn.LayerNorm, epsilon=self.layer_norm_eps,
+    ln = functools.partial(LayerNorm, epsilon=self.layer_norm_eps,
                            dtype=self.dtype, param_dtype=self.param_dtype)
     if self.pre_norm:  # CLIP's ln_pre
       x = ln(name="pre_norm")(x)

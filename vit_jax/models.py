@@ -56,8 +56,8 @@ import jax.numpy as jnp
 import numpy as np
 
 from vit_jax.layers import (  # noqa: F401  (re-exported building blocks)
-    LN_EPS, AddPositionEmbs, Encoder, Encoder1DBlock, MAPHead, MlpBlock,
-    MultiHeadDotProductAttention, activation)
+    LN_EPS, AddPositionEmbs, Encoder, Encoder1DBlock, LayerNorm, MAPHead,
+    MlpBlock, MultiHeadDotProductAttention, PatchEmbed, activation)
 
 Array = Any
 Dtype = Any
@@ -305,7 +305,7 @@ class VisionTransformer(nn.Module):
   # ----------------------------------------------------------------- layers
   def setup(self):
     self._check_config()
-    ln = functools.partial(nn.LayerNorm, epsilon=self.layer_norm_eps,
+    ln = functools.partial(LayerNorm, epsilon=self.layer_norm_eps,
                            dtype=self.dtype, param_dtype=self.param_dtype)
     if self.conv_stem:
       self.stem_convs = [
@@ -320,11 +320,10 @@ class VisionTransformer(nn.Module):
       kernel = (1, 1)
     else:
       kernel = (self.patch_size, self.patch_size)
-    self.embedding = nn.Conv(
-        self.hidden_size, kernel_size=kernel,
-        strides=(1, 1) if self.conv_stem else kernel, padding="VALID",
-        use_bias=self.patch_bias, dtype=self.dtype,
-        param_dtype=self.param_dtype)
+    # The patchify convolution (1x1 after a stem), as one GEMM.
+    self.embedding = PatchEmbed(
+        self.hidden_size, kernel[0], use_bias=self.patch_bias,
+        dtype=self.dtype, param_dtype=self.param_dtype)
     d = self.hidden_size
     if self.classifier == "token":
       self.cls = self.param("cls", nn.initializers.zeros, (1, 1, d),
