@@ -20,7 +20,7 @@ in ``tests/test_fast_paths.py``); bench/README.md measures why each exists.
 from __future__ import annotations
 
 import functools
-from typing import Optional, Sequence
+from typing import Optional
 
 import jax
 import jax.numpy as jnp
@@ -254,7 +254,6 @@ def _swap_last(x):
 def _attention_block_fwd(q, k, v, scale):
   """(G, N, hd) blocks -> output, row max of the logits, 1 / row sum of
   exp(logits - max), and those exponentials."""
-  f32 = jnp.float32
   s = _bdot(q * jnp.asarray(scale, q.dtype), k, ((2,), (2,)))
   m = jnp.max(s, axis=-1, keepdims=True)
   e = jnp.exp(s - m)
