@@ -239,13 +239,7 @@ def main(argv=None):
                     reference=None if args.no_torch else "torch")
   rec = summarise(res, workload, machine.gemms_for(args, workload.name, workload.batch,
                                     workload.image_size))
-  table = format_table(rec)
-  if args.json:
-    print(table, file=sys.stderr)
-    print(json.dumps(rec))
-  else:
-    print(table)
-  return rec
+  return harness.emit(format_table(rec), rec, args.json)
 
 
 if __name__ == "__main__":

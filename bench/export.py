@@ -23,7 +23,6 @@ against jax.jit, and the largest logits difference from jax.jit.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 
@@ -174,13 +173,7 @@ def format_table(rec: dict) -> str:
 def main(argv=None):
   args = build_parser().parse_args(argv)
   rec = run(args)
-  table = format_table(rec)
-  if args.json:
-    print(table, file=sys.stderr)
-    print(json.dumps(rec))
-  else:
-    print(table)
-  return rec
+  return harness.emit(format_table(rec), rec, args.json)
 
 
 if __name__ == "__main__":

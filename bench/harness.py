@@ -63,6 +63,17 @@ class Workload:
     return d
 
 
+def emit(table: str, rec: Dict[str, Any], as_json: bool) -> Dict[str, Any]:
+  """Prints a benchmark's result: the table, or (``--json``) the record on
+  stdout and the table on stderr. Returns the record."""
+  if as_json:
+    print(table, file=sys.stderr)
+    print(json.dumps(rec))
+  else:
+    print(table)
+  return rec
+
+
 def log(msg: str):
   print(msg, file=sys.stderr, flush=True)
 
