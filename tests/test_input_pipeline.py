@@ -335,3 +335,43 @@ def test_start_global_copies_ahead_in_order(ahead):
     # When batch k is handed out, the copies of the next `ahead` started.
     assert len(pulled) >= min(6, k + 1 + ahead)
   assert seen == list(range(6))
+
+
+_STOP_EARLY = r"""
+import gc, sys
+sys.path[:0] = ["tests", "."]
+from train_helpers import tiny_config
+from vit_jax import input_pipeline as ip
+cfg = tiny_config(cache={cache})
+src = ip.get_source(cfg)
+ds = ip.train_dataset(cfg, src, local_batch=16, start_step=0, process_index=0,
+                      process_count=1)
+it = ip.as_numpy(ds)
+for _ in range(2):  # far less than an epoch, as a short run reads
+  next(it)
+ev, n = ip.eval_dataset(cfg, src, local_batch=64, process_index=0,
+                        process_count=1)
+assert len(list(ip.as_numpy(ev))) == n
+del it, ds, ev
+gc.collect()
+print("read", file=sys.stderr)
+"""
+
+
+@pytest.mark.parametrize("cache", [False, True])
+def test_a_run_shorter_than_an_epoch_leaves_no_partial_cache(cache):
+  """tfds auto-cached the small digits splits; a run stopped inside the
+  first epoch then made TensorFlow warn at exit that it discarded the
+  partly filled cache ("The calling iterator did not fully read the dataset
+  being cached"). A cache is ours to make, filled whole."""
+  import subprocess  # pylint: disable=import-outside-toplevel
+  from train_helpers import PYTHON, REPO, env  # pylint: disable=import-outside-toplevel
+  e = env()
+  e.pop("TF_CPP_MIN_LOG_LEVEL")  # TensorFlow's warnings on, as a user has
+  p = subprocess.run([PYTHON, "-c", _STOP_EARLY.format(cache=cache)],
+                     cwd=REPO, env=e, capture_output=True, text=True,
+                     timeout=300)
+  assert p.returncode == 0, p.stderr[-3000:]
+  assert "read" in p.stderr
+  assert "cache_dataset_ops" not in p.stderr, p.stderr[-3000:]
+  assert "did not fully read" not in p.stderr

@@ -31,9 +31,11 @@ import math
 import os
 from typing import Any, List, Optional, Sequence, Tuple
 
+import numpy as np
 import tensorflow as tf
 import tensorflow_datasets as tfds
 
+from vit_jax import console
 import vit_jax.datasets  # noqa: F401  (registers the bundled 'digits' builder)
 
 IMAGENET_MEAN = (0.485, 0.456, 0.406)
@@ -120,6 +122,8 @@ def get_builder(dataset: str, data_dir: Optional[str] = None,
       raise ValueError(f"Image folder {folder!r} has no split directories: "
                        f"expected <dir>/<split>/<label>/<image>.(jpg|png).")
     return builder
+  if dataset in LOCAL_BUILDERS:
+    return _bundled_builder(dataset, data_dir)
   try:
     builder = tfds.builder(dataset, data_dir=data_dir)
   except tfds.core.registered.DatasetNotFoundError as e:
@@ -133,9 +137,6 @@ def get_builder(dataset: str, data_dir: Optional[str] = None,
       builder.download_and_prepare()  # mock_data: a no-op
     return builder
   where = data_dir or str(builder.data_dir_root)
-  if builder.name in LOCAL_BUILDERS:
-    builder.download_and_prepare()
-    return builder
   if not download:
     raise DatasetNotPreparedError(
         _not_prepared_message(dataset, where, "config.download is False"))
@@ -149,6 +150,23 @@ def get_builder(dataset: str, data_dir: Optional[str] = None,
     raise DatasetNotPreparedError(_not_prepared_message(
         dataset, where, f"downloading it failed: {type(e).__name__}: "
         f"{str(e)[:300]}")) from e
+  return builder
+
+
+def _bundled_builder(name: str, data_dir: Optional[str]):
+  """The builder of a dataset vit_jax ships (generated here, no download),
+  prepared on first use with one line of ours. tfds' own output while it
+  looks for and generates the data (a missing-folder warning, progress
+  bars, "Downloading and preparing ... Unknown size") says nothing true
+  about a bundled dataset: it is held back, and shown only on failure."""
+  with console.held_back():
+    builder = tfds.builder(name, data_dir=data_dir)
+    prepared = builder.is_prepared()
+  if not prepared:
+    print(f"Preparing the bundled {name!r} dataset in {builder.data_dir} "
+          f"(once; nothing is downloaded).", flush=True)
+    with console.held_back():
+      builder.download_and_prepare()
   return builder
 
 
@@ -175,7 +193,7 @@ def _process_split(src_builder, split: str, index: int, count: int,
   decoders = {"image": tfds.decode.SkipDecoding()}
   if is_folder:  # ImageFolder has no sub-split API: shard the file list.
     ds = src_builder.as_dataset(split=split, shuffle_files=False,
-                                decoders=decoders)
+                                decoders=decoders, read_config=_READ_CONFIG)
     total = _count(ds, src_builder, split)
     if drop_remainder:
       ds = ds.take(total // count * count)
@@ -186,8 +204,24 @@ def _process_split(src_builder, split: str, index: int, count: int,
                                    process_count=count,
                                    drop_remainder=drop_remainder)
   ds = src_builder.as_dataset(split=sub, shuffle_files=False,
-                              decoders=decoders)
+                              decoders=decoders, read_config=_READ_CONFIG)
   return ds, _count(ds, src_builder, sub)
+
+
+# tfds would otherwise ``.cache()`` a small split by itself ("auto-cache"),
+# and an iterator stopped before the end of its first pass (a run shorter
+# than an epoch) makes TensorFlow discard that partial cache with a warning
+# at exit. Caching is ``config.cache``'s decision, made in :func:`_cached`.
+_READ_CONFIG = tfds.ReadConfig(try_autocache=False)
+
+
+def _cached(ds: tf.data.Dataset) -> tf.data.Dataset:
+  """``ds.cache()`` (in memory), filled now by one complete pass: every
+  later iterator only reads it, so one that stops early (the end of a run)
+  leaves no partly written cache behind."""
+  ds = ds.cache()
+  ds.reduce(np.int64(0), lambda n, _: n + 1)
+  return ds
 
 
 def get_source(config) -> DataSource:
@@ -428,7 +462,7 @@ def train_dataset(config, src: DataSource, *, local_batch: int,
         f"from {src.name!r} split {src.train_split!r} ({src.num_train} in "
         f"total).")
   if config.cache:
-    raw = raw.cache()
+    raw = _cached(raw)
   buffer = int(max(1, min(config.shuffle_buffer, n)))
   epoch_seed = _mix(config.seed, process_index, 1)
   elem_seed = _mix(config.seed, process_index, 2)
@@ -477,7 +511,7 @@ def eval_dataset(config, src: DataSource, *, local_batch: int,
   assert n == counts[process_index], (n, counts)
   num_batches = max(1, math.ceil(max(counts) / local_batch))
   if config.cache:
-    raw = raw.cache()
+    raw = _cached(raw)
   size = config.image_size
   resize = eval_resize_size(config.pp, size)
 
