@@ -89,3 +89,23 @@ def test_every_cli_starts_with_our_own_lines(tmp_path):
   for cmd in (["bench/bench.py", "--help"], ["bench/ab.py", "--help"]):
     p = _run([PYTHON] + cmd)
     assert p.stdout.startswith("usage: ") and p.stderr == ""
+
+
+def test_the_main_job_prepares_the_bundled_digits_in_one_line(tmp_path):
+  """A fresh machine: tfds' notices and progress bars for the dataset we
+  ship ("Variant folder ... has no dataset_info.json", "Downloading and
+  preparing dataset Unknown size") give way to one line of ours."""
+  o = tiny_overrides(total_steps=2, log_every=1, eval_every=2,
+                     checkpoint_every=2, data_dir=str(tmp_path / "tfds"))
+  p = _run(train_cmd(str(tmp_path / "run"), o))
+  first, second = p.stdout.splitlines()[:2]
+  assert first == (f"Preparing the bundled 'digits' dataset in "
+                   f"{tmp_path / 'tfds' / 'digits' / '1.0.0'} (once; nothing "
+                   f"is downloaded)."), p.stdout
+  assert second.startswith("vit_ti_4 (10,698 params) on digits"), p.stdout
+  for noise in ("Variant folder", "dataset_info.json", "Downloading and "
+                "preparing", "Generating", "Shuffling", "Unknown size"):
+    assert noise not in p.stdout + p.stderr, p.stdout + p.stderr
+  # Prepared once: the next run says nothing about it.
+  p = _run(train_cmd(str(tmp_path / "run2"), o))
+  assert p.stdout.startswith("vit_ti_4 (10,698 params) on digits"), p.stdout

@@ -54,6 +54,34 @@ def native_stderr_filtered():
         os.write(2, kept)
 
 
+@contextlib.contextmanager
+def held_back():
+  """Holds back everything written to stdout and stderr in the block
+  (Python and native writes alike: progress bars, notices); it is written
+  to stderr only if the block raises, so a failure keeps its context."""
+  sys.stdout.flush()
+  sys.stderr.flush()
+  saved = [os.dup(1), os.dup(2)]
+  with tempfile.TemporaryFile() as tmp:
+    os.dup2(tmp.fileno(), 1)
+    os.dup2(tmp.fileno(), 2)
+    failed = False
+    try:
+      yield
+    except BaseException:
+      failed = True
+      raise
+    finally:
+      sys.stdout.flush()
+      sys.stderr.flush()
+      for fd, dup in zip((1, 2), saved):
+        os.dup2(dup, fd)
+        os.close(dup)
+      if failed:
+        tmp.seek(0)
+        os.write(2, tmp.read())
+
+
 class _QuietLoader(importlib.abc.Loader):
   """Runs the wrapped loader's ``exec_module`` in
   :func:`native_stderr_filtered`."""
