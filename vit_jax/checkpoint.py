@@ -33,6 +33,8 @@ import math
 import os
 import re
 import shutil
+import sys
+import traceback
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
 import jax
@@ -68,6 +70,38 @@ def _not_disk_full_report(record) -> bool:
   exc = record.exc_info[1] if record.exc_info else None
   return not (_is_disk_full(Exception(record.getMessage())) or
               (exc is not None and _is_disk_full(exc)))
+
+
+def _is_orphaned_write_callback(unraisable) -> bool:
+  """The unraisable error of a write Orbax abandoned: when one array's write
+  fails (a full disk), Orbax's save coroutine raises and its event loop is
+  closed while tensorstore's other writes of that save are still running;
+  each of them, finishing, calls ``loop.call_soon_threadsafe`` on the closed
+  loop from tensorstore's thread, which raises RuntimeError('Event loop is
+  closed') with nobody to catch it. The save's failure itself reaches the
+  caller as :class:`CheckpointSaveError`."""
+  exc = unraisable.exc_value
+  if not (isinstance(exc, RuntimeError) and
+          str(exc) == "Event loop is closed"):
+    return False
+  frames = [f.name for f in traceback.extract_tb(exc.__traceback__)]
+  return frames[-2:] == ["call_soon_threadsafe", "_check_closed"]
+
+
+def _install_orphan_filter():
+  """Once per process: :func:`_is_orphaned_write_callback` errors are not
+  printed (they come from a save that already failed, and may arrive until
+  the process ends); every other unraisable error goes to the previous
+  hook."""
+  previous = sys.unraisablehook
+  if getattr(previous, "_vit_jax_orphans", False):
+    return
+
+  def hook(unraisable):
+    if not _is_orphaned_write_callback(unraisable):
+      previous(unraisable)
+  hook._vit_jax_orphans = True  # pylint: disable=protected-access
+  sys.unraisablehook = hook
 
 
 def _handlers():
@@ -147,6 +181,7 @@ class CheckpointManager:
       self._log.removeFilter(_not_read_only_notice)
     if not read_only:
       self._log.addFilter(_not_disk_full_report)
+      _install_orphan_filter()
 
   def latest_step(self) -> Optional[int]:
     return self.manager.latest_step()
