@@ -263,3 +263,19 @@ def test_cli_errors(tmp_path):
   assert "tfds build cifar10" in p.stderr and str(tmp_path / "tfds") in p.stderr
   assert "Traceback" not in p.stderr
   assert os.path.isdir(REPO) and digits_data_dir()
+
+
+def test_curves_of_a_run_stopped_before_its_first_eval(tmp_path):
+  """One logged step and no evaluation (SIGTERM early): the picture draws
+  the point and says there is no evaluation, without matplotlib's "No
+  artists with labels found to put in legend" warning."""
+  import warnings  # pylint: disable=import-outside-toplevel
+
+  from vit_jax import metrics  # pylint: disable=import-outside-toplevel
+  with open(tmp_path / metrics.METRICS_FILE, "w") as f:
+    f.write(json.dumps({"step": 0, "kind": "start"}) + "\n")
+    f.write(json.dumps({"step": 2, "train_loss": 2.3}) + "\n")
+  with warnings.catch_warnings():
+    warnings.simplefilter("error")
+    path = metrics.write_plots(str(tmp_path))
+  assert path and os.path.getsize(path) > 1000

@@ -174,8 +174,9 @@ def write_plots(workdir: str, path: Optional[str] = None) -> Optional[str]:
   import matplotlib.pyplot as plt  # pylint: disable=import-outside-toplevel
 
   fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(11, 4))
-  if train:
-    ax1.plot(*zip(*train), label="train loss")
+  if train:  # a run stopped early may have one point: draw it as one
+    ax1.plot(*zip(*train), marker="o" if len(train) < 20 else None,
+             label="train loss")
   if ev:
     ax1.plot([r["step"] for r in ev], [r["eval_loss"] for r in ev], "o-",
              label="eval loss")
@@ -193,7 +194,11 @@ def write_plots(workdir: str, path: Optional[str] = None) -> Optional[str]:
   ax2.set_xlabel("step")
   ax2.set_ylabel("accuracy")
   ax2.set_ylim(0, 1)
-  ax2.legend(loc="lower right")
+  if ev:
+    ax2.legend(loc="lower right")
+  else:  # stopped before its first evaluation
+    ax2.text(0.5, 0.5, "no evaluation yet", ha="center", va="center",
+             transform=ax2.transAxes, color="gray")
   ax2.grid(alpha=0.3)
   fig.suptitle(os.path.basename(os.path.abspath(workdir)))
   fig.tight_layout()
