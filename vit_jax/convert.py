@@ -86,6 +86,7 @@ def to_torchvision_model(variables, name, conv_stem=None, **arch_overrides):
   """Builds the matching torchvision ``VisionTransformer`` and loads
   ``variables`` into it with ``strict=True``. A conv stem's strides are
   ``conv_stem``'s (e.g. ``model.conv_stem``), else inferred as on load."""
+  files.torch_after_tensorflow()
   import torchvision  # pylint: disable=import-outside-toplevel
   from torchvision.models.vision_transformer import ConvStemConfig
 

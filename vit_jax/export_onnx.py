@@ -21,12 +21,12 @@ width.
 from __future__ import annotations
 
 import functools
-import sys
 
 import numpy as np
 
 from vit_jax import export as export_lib
 from vit_jax import export_preprocessing
+from vit_jax.weights import files
 
 _OPSET = 18
 _ONE_FILE_MAX_BYTES = 1_800_000_000  # protobuf's limit is 2 GiB
@@ -104,11 +104,7 @@ def torch_model(s):
   ``s`` (NCHW in, logits out), loaded with ``strict=True``."""
   from vit_jax import convert, models  # pylint: disable=import-outside-toplevel
 
-  if "tensorflow" in sys.modules and "torchvision" not in sys.modules:
-    raise export_lib.ExportError(
-        "TensorFlow was imported before torchvision; importing torchvision "
-        "now crashes the process on this stack (triton). Import torch and "
-        "torchvision first (as python -m vit_jax.export does).")
+  files.torch_after_tensorflow()
   model, variables = s.model, s.variables
   if model.conv_stem or model.representation_size:  # torchvision holds these
     if model.classifier != "token":

@@ -1,9 +1,10 @@
 """Class names for predictions: ImageNet-1k's, or a label file's.
 
-``imagenet_categories()`` reads torchvision's ``_IMAGENET_CATEGORIES`` (the
-``categories`` of its weights' meta) when torchvision is installed, else the
-copy generated from it in :mod:`vit_jax._imagenet_categories`. Regenerate
-that copy with::
+``imagenet_categories()`` returns the copy of torchvision's
+``_IMAGENET_CATEGORIES`` (the ``categories`` of its weights' meta) generated
+in :mod:`vit_jax._imagenet_categories`: looking them up needs no torchvision
+(whose import crashes a process that imported TensorFlow first). A test keeps
+the copy equal to torchvision's. Regenerate it with::
 
     python -m vit_jax.labels --write
 """
@@ -22,12 +23,8 @@ _GENERATED = os.path.join(os.path.dirname(__file__), "_imagenet_categories.py")
 def imagenet_categories() -> List[str]:
   """The 1000 ImageNet-1k class names in index order (torchvision's, which
   is also tfds ``imagenet2012``'s: sorted WordNet ids)."""
-  try:
-    from torchvision.models._meta import _IMAGENET_CATEGORIES  # pylint: disable=import-outside-toplevel
-    return list(_IMAGENET_CATEGORIES)
-  except ImportError:
-    from vit_jax._imagenet_categories import CATEGORIES  # pylint: disable=import-outside-toplevel
-    return list(CATEGORIES)
+  from vit_jax._imagenet_categories import CATEGORIES  # pylint: disable=import-outside-toplevel
+  return list(CATEGORIES)
 
 
 def read_label_file(path: str) -> List[str]:
@@ -69,9 +66,8 @@ def _generated_source(categories: Sequence[str]) -> str:
   return (
       '"""ImageNet-1k class names, in torchvision\'s (= tfds imagenet2012\'s) '
       'order.\n\nGenerated from ``torchvision.models._meta._IMAGENET_CATEGORIES'
-      '`` by\n``python -m vit_jax.labels --write``; do not edit. Used only when '
-      'torchvision\nis not installed (:func:`vit_jax.labels.imagenet_categories`'
-      ' prefers it).\n"""\n\nCATEGORIES = (\n' + body + "\n)\n")
+      '`` by\n``python -m vit_jax.labels --write``; do not edit. '
+      ':func:`vit_jax.labels.imagenet_categories` returns it.\n"""\n\nCATEGORIES = (\n' + body + "\n)\n")
 
 
 def write_generated(path: str = _GENERATED) -> str:

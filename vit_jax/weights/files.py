@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import os
+import sys
 from typing import Any, Dict, Mapping, Optional, Tuple
 
 import numpy as np
@@ -231,8 +232,21 @@ def _cache_dir() -> str:
 # --------------------------------------------------------------------------- #
 
 
+def torch_after_tensorflow() -> None:
+  """Lets torchvision and timm import after TensorFlow. Both import triton
+  (torch's GPU kernel compiler), whose native library kills a process that
+  has TensorFlow's loaded (a segfault at import). vit_jax runs the PyTorch
+  libraries on the CPU (conversions, reference models), where triton has
+  nothing to do: with TensorFlow loaded and triton not yet, triton is
+  marked absent, and torch behaves as on a machine without it. Called
+  before every import of torchvision or timm."""
+  if "tensorflow" in sys.modules and "triton" not in sys.modules:
+    sys.modules["triton"] = None  # import triton -> ImportError, no crash
+
+
 def torchvision_weights(name: str, weights: str):
   """torchvision's weights enum entry ``<name>_Weights.<weights>``."""
+  torch_after_tensorflow()
   import torchvision  # pylint: disable=import-outside-toplevel
 
   enum_name = name.upper().replace("VIT_", "ViT_") + "_Weights"
