@@ -80,6 +80,13 @@ def predict(checkpoint: Union[str, inference.Loaded],
   loaded = (checkpoint if isinstance(checkpoint, inference.Loaded) else
             inference.load(checkpoint, model_name=model_name,
                            image_size=image_size, label_file=label_file))
+  if loaded.head == "embedding":
+    raise inference.CheckpointError(
+        f"{loaded.description}: its head is a {loaded.embedding_dim}-d "
+        f"image embedding (CLIP's projection into the image-text space), "
+        f"not class scores, so there is nothing to predict. Image embeddings: "
+        f"python -m vit_jax.features; a classifier: fine-tune with train.py "
+        f"--config.init_weights=... (or load weights fine-tuned on classes).")
   if not loaded.num_classes:
     raise inference.CheckpointError(
         f"{loaded.description}: the model has no classification head, so "

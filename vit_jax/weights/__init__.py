@@ -37,6 +37,7 @@ from __future__ import annotations
 import dataclasses
 import os
 import re
+import warnings
 from typing import Any, List, Optional
 
 import numpy as np
@@ -60,6 +61,12 @@ class CheckpointError(ValueError):
   """A checkpoint that cannot be used (missing, unreadable, other model)."""
 
 
+class GuessWarning(UserWarning):
+  """Loading assumed something the weights do not say (how images must be
+  prepared, an activation that differs by a little): the message names
+  what was assumed and how to state it."""
+
+
 @dataclasses.dataclass
 class Loaded:
   """A model ready for inference and what goes with its weights.
@@ -74,13 +81,22 @@ class Loaded:
   kind: str = ""  # 'orbax' | 'torchvision' | 'timm' | 'transformers' | 'npz' | 'safetensors'
   use_training_pipeline: bool = False  # TF eval transform of vit_jax runs
   info: dict = dataclasses.field(default_factory=dict)  # training run facts
+  # What the head gives: 'classes' (scores), 'embedding' (a projection into
+  # a joint image-text space, CLIP's), or 'none' (a backbone).
+  head: str = "classes"
 
   def __iter__(self):
     return iter((self.model, self.variables, self.preprocessing))
 
   @property
   def num_classes(self) -> int:
-    return int(self.model.num_classes or 0)
+    """Classes of the head (0 without one, or when it is an embedding)."""
+    return 0 if self.head == "embedding" else int(self.model.num_classes or 0)
+
+  @property
+  def embedding_dim(self) -> int:
+    """Width of an embedding head (CLIP's projection), else 0."""
+    return int(self.model.num_classes or 0) if self.head == "embedding" else 0
 
   @property
   def image_size(self) -> int:
@@ -105,7 +121,7 @@ class Loaded:
 
 def load(source, *, model_name: Optional[str] = None, image_size=None,
          num_heads: Optional[int] = None, label_file: Optional[str] = None,
-         **model_overrides) -> Loaded:
+         preprocessing=None, **model_overrides) -> Loaded:
   """Loads ``source`` (see the module docstring).
 
   Args:
@@ -123,6 +139,10 @@ def load(source, *, model_name: Optional[str] = None, image_size=None,
       twice as fine). See :func:`vit_jax.weights.build.resize_patch`.
     num_heads: heads of a model of non-standard width.
     label_file: class names (one per line, or a JSON list).
+    preprocessing: how images must be prepared for these weights (a
+      :class:`~vit_jax.preprocessing.Preprocessing` or its dict), for files
+      that do not say it; without it such a file's recipe is assumed from
+      its layout and architecture, with a :class:`GuessWarning`.
     **model_overrides: options of the model built (``dtype``,
       ``scan_layers``, ``sow_attention_weights``, ``act``...).
 
@@ -132,7 +152,7 @@ def load(source, *, model_name: Optional[str] = None, image_size=None,
   """
   try:
     loaded = _load(str(source), model_name, image_size, num_heads,
-                   model_overrides)
+                   model_overrides, _given(preprocessing))
     if label_file:
       names = labels.read_label_file(label_file)
       loaded.label_names = labels.check_labels(
@@ -144,8 +164,31 @@ def load(source, *, model_name: Optional[str] = None, image_size=None,
   return loaded
 
 
+def _given(pre) -> Optional[pp.Preprocessing]:
+  if pre is None or isinstance(pre, pp.Preprocessing):
+    return pre
+  if isinstance(pre, dict):
+    return pp.Preprocessing.from_dict(pre)
+  raise TypeError(f"preprocessing: expected a vit_jax.preprocessing."
+                  f"Preprocessing or its dict, got {type(pre).__name__}")
+
+
 def _default_labels(num_classes):
   return labels.default_labels(num_classes or 0, imagenet=True)
+
+
+def _head_kind(model, variables, names) -> str:
+  """'embedding' for a CLIP tower's projection (timm stores OpenAI's and
+  OpenCLIP's ``proj`` as a head with a zero bias), 'none' without a head,
+  else 'classes'."""
+  if not model.num_classes:
+    return "none"
+  bias = trees.params_of(trees.unstack_layers(variables)).get(
+      "head", {}).get("bias")
+  if (model.pre_norm and names is None and bias is not None and
+      not np.any(np.asarray(bias))):
+    return "embedding"
+  return "classes"
 
 
 def _finish(model, variables, pre: pp.Preprocessing, names, what: str,
@@ -153,9 +196,35 @@ def _finish(model, variables, pre: pp.Preprocessing, names, what: str,
   crop = trees.native_image_size(trees.unstack_layers(variables), model)
   if crop:
     pre = pre.resized(crop)
+  head = _head_kind(model, variables, names)
+  if head == "embedding":
+    names = None
   return Loaded(model, variables, pre, names,
-                f"{what}: {trees.describe(_fields(model), image_size=crop)}",
-                kind)
+                f"{what}: {trees.describe(_fields(model), image_size=crop, head=head)}",
+                kind, head=head)
+
+
+def _assumed(src: str, pre: pp.Preprocessing, what: str) -> pp.Preprocessing:
+  """``pre``, with the one warning that says it was assumed."""
+  warnings.warn(
+      f"{src}: the file does not say how images must be prepared for these "
+      f"weights; assuming {what}: {pre.summary()}. State it with model_name="
+      f"<the timm name> (its pretrained record) or preprocessing="
+      f"Preprocessing(...) (in the CLIs: --model).", GuessWarning,
+      stacklevel=4)
+  return pre
+
+
+# A timm state dict without its name: the family its structure shows, as a
+# timm name whose recipe (layouts.timm_preprocessing_cfg) stands for it.
+def _timm_family(model) -> "tuple[str, str]":
+  if model.classifier == "map":
+    return "SigLIP's (a MAP head)", "vit_base_patch16_siglip_224"
+  if model.layer_scale_init is not None and model.patch_size == 14:
+    return "DINOv2's (LayerScale, patch 14)", "vit_base_patch14_dinov2"
+  if model.layer_scale_init is not None:
+    return "DeiT-III's (LayerScale)", "deit3_base_patch16_224"
+  return "Google's AugReg ViTs'", "vit_base_patch16_224"
 
 
 def _fields(model) -> dict:
@@ -166,7 +235,8 @@ def _fields(model) -> dict:
            "no_embed_class", "act")}
 
 
-def _load(src: str, name, image_size, num_heads, overrides) -> Loaded:
+def _load(src: str, name, image_size, num_heads, overrides,
+          given: Optional[pp.Preprocessing] = None) -> Loaded:
   kw = dict(image_size=image_size, num_heads=num_heads, **overrides)
   m = re.fullmatch(r"torchvision:(\w+)", src)
   if m:
@@ -185,13 +255,13 @@ def _load(src: str, name, image_size, num_heads, overrides) -> Loaded:
     return _finish(model, variables, pre, list(cats) if cats else None,
                    f"torchvision {name} {m.group(1)}", "torchvision")
   if src.startswith(files.HF_PREFIXES):
-    return _load_dir(files.hub_dir(src), name, kw, src)
+    return _load_dir(files.hub_dir(src), name, kw, src, given)
   if not os.path.exists(src):
     raise CheckpointError(
         f"{src}: no such file or directory. Expected {SUPPORTED}.")
   if os.path.isdir(src):
     if files.is_model_dir(src):
-      return _load_dir(src, name, kw, src)
+      return _load_dir(src, name, kw, src, given)
     return _load_orbax(src, name, image_size, overrides.get("patch_size"))
   ext = os.path.splitext(src)[1].lower()
   if ext == ".npz":
@@ -199,18 +269,29 @@ def _load(src: str, name, image_size, num_heads, overrides) -> Loaded:
                                        image_size=image_size)
     model, variables = build.from_tree(variables, name, **kw)
     crop = trees.native_image_size(trees.unstack_layers(variables), model)
-    return _finish(model, variables, pp.google(crop or 224),
-                   _default_labels(model.num_classes), "Google .npz", "npz")
+    pre = given or _from_name(name) or _assumed(
+        src, pp.google(crop or 224), "Google's recipe for its .npz ViTs "
+        "(timm's for AugReg)")
+    return _finish(model, variables, pre, _default_labels(model.num_classes),
+                   "Google .npz", "npz")
   if ext == ".safetensors":
     arrays, meta = files.read_safetensors(src)
-    return _from_arrays(arrays, meta, name, kw, src)
+    return _from_arrays(arrays, meta, name, kw, src, given)
   if ext in files.TORCH_EXTS:
-    return _from_arrays(files.read_torch(src), {}, name, kw, src)
+    return _from_arrays(files.read_torch(src), {}, name, kw, src, given)
   raise CheckpointError(f"{src}: unknown checkpoint type {ext or '(none)'!r}. "
                         f"Expected {SUPPORTED}.")
 
 
-def _from_arrays(arrays, meta, name, kw, src) -> Loaded:
+def _from_name(name) -> Optional[pp.Preprocessing]:
+  """The recipe a timm name's record gives (None for other names)."""
+  from vit_jax.weights import layouts  # pylint: disable=import-outside-toplevel
+  if name and layouts.parse_timm_name(name) is not None:
+    return pp.from_timm_cfg(_timm_cfg(name))
+  return None
+
+
+def _from_arrays(arrays, meta, name, kw, src, given=None) -> Loaded:
   """A safetensors / torch file: our layout (with its metadata) or a
   PyTorch library's."""
   if meta.get("format") == "vit_jax" or any(k.startswith("params/")
@@ -222,12 +303,22 @@ def _from_arrays(arrays, meta, name, kw, src) -> Loaded:
     from vit_jax.weights import layouts  # pylint: disable=import-outside-toplevel
     layout = layouts.detect(list(arrays)) or "unknown"
     model, variables = build.from_state_dict(arrays, name, **kw)
-  if isinstance(meta.get("preprocessing"), dict):
+  if given is not None:
+    pre = given
+  elif isinstance(meta.get("preprocessing"), dict):
     pre = pp.Preprocessing.from_dict(meta["preprocessing"])
-  elif layout == "timm" and name:
-    pre = pp.from_timm_cfg(_timm_cfg(name))
+  elif _from_name(name) is not None:
+    pre = _from_name(name)
+  elif layout == "timm":
+    what, stand_in = _timm_family(model)
+    pre = _assumed(src, pp.from_timm_cfg(_timm_cfg(stand_in)),
+                   f"{what} recipe, from the weights' structure")
+  elif layout == "torchvision":
+    pre = _assumed(src, pp.default_for(None, layout),
+                   "torchvision's IMAGENET1K_V1 recipe (its SWAG weights "
+                   "resize bicubic, without a crop margin)")
   else:
-    pre = pp.default_for(None, layout)
+    pre = _assumed(src, pp.default_for(None, layout), f"a {layout} default")
   names = meta.get("label_names")
   names = (labels.check_labels(names, model.num_classes or 0, src)
            if isinstance(names, list) else _default_labels(model.num_classes))
@@ -242,7 +333,7 @@ def _timm_cfg(name):
   return layouts.timm_preprocessing_cfg(name)
 
 
-def _load_dir(path: str, name, kw, src) -> Loaded:
+def _load_dir(path: str, name, kw, src, given=None) -> Loaded:
   """A Hugging Face model directory: timm's hub layout (``architecture`` in
   config.json) or transformers' (``model_type``)."""
   from vit_jax.weights import layouts  # pylint: disable=import-outside-toplevel
@@ -253,7 +344,7 @@ def _load_dir(path: str, name, kw, src) -> Loaded:
     model, variables = build.from_state_dict(arrays, arch_name, layout="timm",
                                              **kw)
     cfg = dict(_timm_cfg(arch_name), **(config.get("pretrained_cfg") or {}))
-    pre = pp.from_timm_cfg(cfg)
+    pre = given or pp.from_timm_cfg(cfg)
     names = config.get("label_names")
     names = (labels.check_labels(list(names), model.num_classes or 0, src)
              if names else _default_labels(model.num_classes))
@@ -266,8 +357,15 @@ def _load_dir(path: str, name, kw, src) -> Loaded:
   model, variables = build.from_state_dict(
       arrays, name, layout=layouts.HF_MODEL_TYPES[model_type], config=config,
       **kw)
-  pre = (pp.from_hf_processor(processor) if processor else
-         pp.Preprocessing(224, 224, "bilinear", pp.HALF, pp.HALF, "squash"))
+  if given is not None:
+    pre = given
+  elif processor:
+    pre = pp.from_hf_processor(processor)
+  else:
+    pre = _assumed(src, pp.Preprocessing(224, 224, "bilinear", pp.HALF,
+                                         pp.HALF, "squash"),
+                   "ViTImageProcessor's defaults (no preprocessor_config."
+                   "json)")
   id2label = config.get("id2label") or {}
   names = [id2label.get(str(i), id2label.get(i)) for i in
            range(model.num_classes or 0)] if id2label else None

@@ -57,6 +57,15 @@ def _refuse_unknown(layout: mapping.Layout, sd, unmatched) -> None:
       (f" and {len(bad) - 8} more" if len(bad) > 8 else "") + ".")
 
 
+CLIP_NEEDS_A_NAME = (
+    "These are the weights of a CLIP image tower (a LayerNorm before the "
+    "blocks), whose activation they do not store: OpenAI's CLIP (and "
+    "MetaCLIP) use QuickGELU, OpenCLIP's LAION / DataComp / DFN towers exact "
+    "GELU, and the two give different numbers. Pass the timm name, e.g. "
+    "model_name='vit_base_patch16_clip_quickgelu_224' for OpenAI's weights "
+    "or 'vit_base_patch16_clip_224' for OpenCLIP's (in the CLIs: --model).")
+
+
 def check_name(arch: Mapping[str, Any], name: str,
                stated: Optional[Mapping[str, Any]] = None) -> None:
   """Raises if our variant ``name`` (``vit_b_16``, ``B/16``) describes
@@ -254,6 +263,8 @@ def from_state_dict(state_dict, name: Optional[str] = None, *,
   elif layout.startswith("transformers"):
     hints = layouts.transformers_hints(config or {}, layout)
   _refuse_unknown(table, sd, mapping.unmatched(table, sd))
+  if layout == "timm" and name is None and "norm_pre.weight" in sd:
+    raise ValueError(CLIP_NEEDS_A_NAME)
   heads = _heads(name, overrides.get("num_heads"), hints,
                  _width(table, sd))
   flat, _ = mapping.to_ours(table, sd, heads)

@@ -264,7 +264,7 @@ def infer_stem_strides(stem, patch_size: int):
 
 
 def describe(arch: Mapping[str, Any], name: Optional[str] = None,
-             image_size: Optional[int] = None) -> str:
+             image_size: Optional[int] = None, head: str = "classes") -> str:
   """One line: ``vit_b_16 (width 768, 12 layers, 12 heads, MLP 3072, ...)``."""
   parts = [f"width {arch.get('hidden_size')}", f"{arch.get('num_layers')} layers",
            f"{arch.get('num_heads')} heads", f"MLP {arch.get('mlp_dim')}",
@@ -283,7 +283,10 @@ def describe(arch: Mapping[str, Any], name: Optional[str] = None,
     parts.append(arch["act"])
   if arch.get("representation_size"):
     parts.append(f"pre_logits {arch['representation_size']}")
-  parts.append(f"{arch.get('num_classes') or 'no'} classes")
+  if head == "embedding":
+    parts.append(f"a {arch.get('num_classes')}-d embedding head")
+  else:
+    parts.append(f"{arch.get('num_classes') or 'no'} classes")
   if image_size:
     parts.append(f"{image_size}px")
   return f"{name or models.variant_name(arch) or 'a ViT'} ({', '.join(parts)})"
