@@ -27,7 +27,8 @@ import traceback
 from absl import app, flags, logging
 from ml_collections import config_dict, config_flags
 
-from vit_jax import console, multihost
+from vit_jax.data import console
+from vit_jax.train import multihost
 
 _CONFIG = config_flags.DEFINE_config_file(
     "config", None, "Training config: configs/<recipe>.py[:arg].",
@@ -134,7 +135,7 @@ def _init_distributed():
                      f"[0, {_NUM_PROCESSES.value}).")
   # Several CPU processes exchange gradients through gloo.
   jax.config.update("jax_cpu_collectives_implementation", "gloo")
-  # SIGTERM stops every process at one step through vit_jax.multihost, not
+  # SIGTERM stops every process at one step through vit_jax.train.multihost, not
   # JAX's preemption service (whose sync point Orbax's commit thread moves).
   jax.config.update("jax_enable_preemption_service", False)
   peer_timeout = int(_CONFIG.value.get("peer_timeout_seconds", 300))
@@ -167,7 +168,8 @@ def main(argv):
     sys.exit(2)
   if not flags.FLAGS["verbosity"].present:  # Orbax logs every save at INFO
     logging.set_verbosity(logging.WARNING)
-  from vit_jax import checkpoint, input_pipeline  # pylint: disable=import-outside-toplevel
+  from vit_jax.train import checkpoint  # pylint: disable=import-outside-toplevel
+  from vit_jax.data import pipeline as input_pipeline  # pylint: disable=import-outside-toplevel
 
   user_errors = (ValueError, FileNotFoundError, FloatingPointError,
                  input_pipeline.DatasetNotPreparedError,
@@ -176,7 +178,7 @@ def main(argv):
     _init_distributed()
     import tensorflow as tf  # pylint: disable=import-outside-toplevel
     tf.config.set_visible_devices([], "GPU")  # tf.data only; JAX owns GPUs
-    from vit_jax import train_loop  # pylint: disable=import-outside-toplevel
+    from vit_jax.train import loop as train_loop  # pylint: disable=import-outside-toplevel
     train_loop.train_and_evaluate(_CONFIG.value, _WORKDIR.value)
   except user_errors as e:
     if _TRACEBACK.value:

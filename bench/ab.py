@@ -28,7 +28,7 @@ if __package__ in (None, ""):
 from bench import flops as flops_lib  # noqa: E402
 from bench import harness  # noqa: E402
 from bench import machine  # noqa: E402
-from vit_jax import console  # noqa: E402
+from vit_jax.data import console  # noqa: E402
 
 
 def parse_config(text: str) -> harness.Contestant:

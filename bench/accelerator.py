@@ -7,7 +7,7 @@ r"""One command that measures an accelerator for training ViTs.
 On the default backend (GPU, TPU; on a CPU it runs tiny sizes and says so):
 
 1. **train step**: the real jitted step of ``train.py``
-   (``vit_jax.train_step.compile_steps``: uint8 batch normalised on the
+   (``vit_jax.train.step.compile_steps``: uint8 batch normalised on the
    device, forward, loss, backward, optimizer update; the config's optimizer,
    bfloat16 compute, float32 parameters), data-parallel over every local
    device, per ``--batch`` (per device) x ``--attention`` x ``--scan``:
@@ -42,7 +42,7 @@ import time
 if __package__ in (None, ""):
   sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from vit_jax import console  # noqa: E402
+from vit_jax.data import console  # noqa: E402
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -104,8 +104,8 @@ def step_rate(args, *, batch: int, attention: str, scan: bool) -> dict:
   import numpy as np  # pylint: disable=import-outside-toplevel
 
   from bench import flops  # pylint: disable=import-outside-toplevel
-  from vit_jax import (models, optim, sharding, train_init,  # pylint: disable=import-outside-toplevel
-                       train_step)
+  from vit_jax import models
+  from vit_jax.train import (optim, sharding, init as train_init, step as train_step)
   n_dev = jax.local_device_count()
   cfg = bench_config(args, attention=attention, scan=scan, batch=batch * n_dev)
   num_classes = 1000

@@ -4,7 +4,7 @@
 
 Writes ``--images`` generated JPEGs (``--jpeg-size``, ImageNet's typical
 500x375 by default) into an image folder and reads them through
-``vit_jax.input_pipeline.train_dataset`` exactly as ``train.py`` does (tfds
+``vit_jax.data.pipeline.train_dataset`` exactly as ``train.py`` does (tfds
 ImageFolder, shuffle, Inception crop with ``decode_and_crop_jpeg``, flip,
 uint8 batches), with and without RandAugment, on ``--cores`` host threads
 (tf.data's private thread pool; intra-op parallelism 1). Nothing goes to a
@@ -35,7 +35,7 @@ if __package__ in (None, ""):
 
 import numpy as np  # noqa: E402
 
-from vit_jax import console  # noqa: E402
+from vit_jax.data import console  # noqa: E402
 
 
 def describe_cpu() -> str:
@@ -103,7 +103,7 @@ def measure(config, *, cores: int, batch: int, batches: int,
   ``warmup`` untimed ones) on ``cores`` tf.data threads."""
   import tensorflow as tf  # pylint: disable=import-outside-toplevel
 
-  from vit_jax import input_pipeline  # pylint: disable=import-outside-toplevel
+  from vit_jax.data import pipeline as input_pipeline  # pylint: disable=import-outside-toplevel
   src = input_pipeline.get_source(config)
   ds = input_pipeline.train_dataset(config, src, local_batch=batch,
                                     start_step=0, process_index=0,
@@ -133,7 +133,7 @@ def run(args) -> dict:
       h, w = args.jpeg_size
       write_jpegs(folder, args.images, h, w)
     rows = []
-    from vit_jax import input_pipeline  # pylint: disable=import-outside-toplevel
+    from vit_jax.data import pipeline as input_pipeline  # pylint: disable=import-outside-toplevel
     margin = input_pipeline._JPEG_CROP_MARGIN  # pylint: disable=protected-access
     for ra in args.randaugment:
       cfg = pipeline_config(folder, image_size=args.image_size,
@@ -162,7 +162,7 @@ def run(args) -> dict:
 
 def report(res) -> str:
   h, w = res["jpeg_size"]
-  lines = [f"Input pipeline alone (vit_jax.input_pipeline.train_dataset, "
+  lines = [f"Input pipeline alone (vit_jax.data.pipeline.train_dataset, "
            f"uint8 out), {h}x{w} JPEGs -> {res['image_size']}px Inception "
            f"crop + flip, batch {res['batch']}",
            f"CPU: {res['cpu']}",

@@ -27,7 +27,8 @@ import jax  # noqa: E402
 
 from bench import machine  # noqa: E402
 from bench import steps  # noqa: E402
-from vit_jax import console, models  # noqa: E402
+from vit_jax.data import console  # noqa: E402
+from vit_jax import models  # noqa: E402
 
 MiB = 2 ** 20
 

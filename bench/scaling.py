@@ -32,7 +32,8 @@ if __package__ in (None, ""):
 from bench import flops as flops_lib  # noqa: E402
 from bench import harness  # noqa: E402
 from bench import machine  # noqa: E402
-from vit_jax import console, models  # noqa: E402
+from vit_jax.data import console  # noqa: E402
+from vit_jax import models  # noqa: E402
 
 SWEEPS = {
     "batch": [dict(name="vit_b_16", batch=b, image_size=224)

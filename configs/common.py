@@ -4,7 +4,7 @@ A recipe (``configs/b16.py``, ``configs/digits.py``...) calls
 :func:`get_config`, overrides a few fields and returns the config; ``train.py``
 locks it, so ``--config.some_feild=1`` (a typo) is an error. Time-like
 settings are in steps. Overriding ``total_steps`` alone gives a working short
-run: the warmup is clamped to the run (``vit_jax.optim.warmup_steps``), the last
+run: the warmup is clamped to the run (``vit_jax.train.optim.warmup_steps``), the last
 step always logs, evaluates and checkpoints.
 """
 
@@ -61,7 +61,7 @@ def get_config() -> ml_collections.ConfigDict:
   c.model.scan_layers = False
   c.model.remat_policy = ""  # '', 'full', 'dots', 'dots_no_batch', 'nothing'
   c.model.head_bias_init = 0.0
-  # Attention kernel: None lets the backend choose (vit_jax.kernels.
+  # Attention kernel: None lets the backend choose (vit_jax.models.kernels.
   # choose_attention: cuDNN fused attention on GPU with bfloat16/float16,
   # XLA elsewhere, the matmul kernel on CPU); or 'matmul' | 'xla' | 'cudnn'.
   c.model.attention_impl = config_dict.placeholder(str)

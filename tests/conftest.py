@@ -19,7 +19,7 @@ def digits_run(tmp_path_factory):
   an Orbax workdir), shared by every test that only reads it."""
   import jax  # pylint: disable=import-outside-toplevel
   from train_helpers import tiny_config  # pylint: disable=import-outside-toplevel
-  from vit_jax import train_lib  # pylint: disable=import-outside-toplevel
+  from vit_jax import train as train_lib  # pylint: disable=import-outside-toplevel
 
   workdir = tmp_path_factory.mktemp("digits_run")
   cfg = tiny_config()

@@ -13,7 +13,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from vit_jax import checkpoint
+from vit_jax.train import checkpoint
 
 
 def _items(x):
@@ -96,7 +96,7 @@ def test_resolve_checkpoint_paths(tmp_path):
 
 def _train(workdir, **kw):
   from train_helpers import tiny_config  # pylint: disable=import-outside-toplevel
-  from vit_jax import train_lib  # pylint: disable=import-outside-toplevel
+  from vit_jax import train as train_lib  # pylint: disable=import-outside-toplevel
   cfg = tiny_config(**dict(dict(total_steps=9, checkpoint_every=3,
                               keep_checkpoints=3), **kw))
   return train_lib.train_and_evaluate(cfg, str(workdir),

@@ -7,7 +7,7 @@ import subprocess
 
 import train_helpers
 from train_helpers import PYTHON, REPO, tiny_overrides, train_cmd
-from vit_jax import console
+from vit_jax.data import console
 
 NOISE = [
     b"WARNING: All log messages before absl::InitializeLog() is called are "

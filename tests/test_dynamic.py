@@ -19,7 +19,8 @@ timm = pytest.importorskip("timm")
 
 from timm.layers import resample_abs_pos_embed, resample_patch_embed  # noqa: E402
 
-from vit_jax import convert, formats, interpolate, models, weights  # noqa: E402
+from vit_jax import convert, formats, models, weights  # noqa: E402
+from vit_jax.models import interpolate  # noqa: E402
 from vit_jax.weights import posemb  # noqa: E402
 
 SIZE = 64  # the weights' resolution: a 4x4 grid of /16 patches

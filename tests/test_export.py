@@ -16,8 +16,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from vit_jax import (convert, export, export_preprocessing, export_tf,
-                     formats, inference, models)
+from vit_jax import convert, export, formats, inference, models
+from vit_jax.export import (preprocessing as export_preprocessing, savedmodel as export_tf)
 
 # One entry per model family: get_model() overrides on top of _SMALL. A new
 # family (registers, MAP head, ...) is one more line here.
@@ -334,7 +334,7 @@ def test_preprocess_against_pil(interp, record_property):
 @pytest.mark.parametrize("interp", list(_METHOD))
 def test_torch_preprocessing_is_the_same_function(interp):
   import torch  # pylint: disable=import-outside-toplevel
-  from vit_jax import export_onnx  # pylint: disable=import-outside-toplevel
+  from vit_jax.export import onnx as export_onnx  # pylint: disable=import-outside-toplevel
   pre = convert.Preprocessing(crop_size=32, resize_size=37,
                               interpolation=interp, mean=(0.5,) * 3,
                               std=(0.5,) * 3)
@@ -430,7 +430,7 @@ def test_onnx_checks_its_torch_twin():
   """The torch twin is compared with JAX before the ONNX export, so a layout
   the converters map only in part is an error, not a wrong artifact."""
   import torch  # pylint: disable=import-outside-toplevel
-  from vit_jax import export_onnx  # pylint: disable=import-outside-toplevel
+  from vit_jax.export import onnx as export_onnx  # pylint: disable=import-outside-toplevel
   s = export.servable(_model("classic"))
   net = export_onnx.torch_model(s)
   export_onnx.check_twin(s, net)  # the exact twin passes

@@ -11,7 +11,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from vit_jax import kernels, layers, models
+from vit_jax.models import kernels, layers
+from vit_jax import models
 
 
 def _qkv(b=2, n=7, h=3, hd=8, dtype=jnp.float32, seed=0):

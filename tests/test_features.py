@@ -13,7 +13,8 @@ import tensorflow_datasets as tfds
 
 from compare import perturb
 from train_helpers import digits_data_dir, run_python
-from vit_jax import features, formats, inference, input_pipeline, models, probe
+from vit_jax import features, formats, inference, models, probe
+from vit_jax.data import pipeline as input_pipeline
 
 NUM_TEST = 359  # digits[test]
 SIZE = 16

@@ -13,7 +13,8 @@ import torch
 
 from compare import apply, assert_close_rel, images, perturb_torch, torch_in
 from train_helpers import REPO, env, tiny_config
-from vit_jax import checkpoint, train_init, train_loop, weights
+from vit_jax.train import checkpoint, init as train_init, loop as train_loop
+from vit_jax import weights
 
 ONE = jax.devices()[:1]
 # tiny_config states these sizes; the weights below have them.

@@ -11,7 +11,8 @@ import pytest
 import torch
 
 from compare import random_timm
-from vit_jax import formats, predict, preprocessing as pp, weights
+from vit_jax import formats, predict, weights
+from vit_jax.data import preprocessing as pp
 
 SIZE = 56
 

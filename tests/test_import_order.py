@@ -14,7 +14,9 @@ import torch
 import hf_cache
 from compare import random_ours
 from train_helpers import PYTHON, REPO, env
-from vit_jax import checkpoint, convert, formats, labels
+from vit_jax.train import checkpoint
+from vit_jax import convert, formats
+from vit_jax.data import labels
 
 SIZE = 32
 

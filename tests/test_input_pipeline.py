@@ -11,9 +11,9 @@ import tensorflow_datasets as tfds
 from PIL import Image
 
 from train_helpers import digits_data_dir, tiny_config
-from vit_jax import input_pipeline as ip
-from vit_jax import randaugment
-from vit_jax.datasets import digits
+from vit_jax.data import pipeline as ip
+from vit_jax.data import randaugment
+from vit_jax.data.digits import digits
 
 MEAN = STD = (0.5, 0.5, 0.5)
 
@@ -222,7 +222,8 @@ def test_randaugment_ops_and_determinism():
 def test_uint8_batches_normalised_on_the_device_are_the_host_numbers(src):
   import jax
   import jax.numpy as jnp
-  from vit_jax import models, train_step
+  from vit_jax import models
+  from vit_jax.train import step as train_step
   mean, std = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)
   cfg = tiny_config(image_size=12, **{"pp.randaugment_layers": 2})
   kw = dict(local_batch=16, start_step=5, process_index=0, process_count=1)
@@ -316,7 +317,7 @@ def test_the_next_epoch_is_read_ahead_in_the_same_order():
 def test_start_global_copies_ahead_in_order(ahead):
   import jax
   import tensorflow as tf
-  from vit_jax import sharding
+  from vit_jax.train import sharding
   pulled = []
 
   def gen():

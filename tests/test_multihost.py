@@ -1,4 +1,4 @@
-"""vit_jax.multihost in one process: the watchdog that bounds waits, the
+"""vit_jax.train.multihost in one process: the watchdog that bounds waits, the
 SIGTERM flag and its vote. (Two real processes: test_train_multihost.py.)"""
 
 import os
@@ -10,7 +10,7 @@ import jax
 import numpy as np
 
 import train_helpers  # noqa: F401  (repo on sys.path)
-from vit_jax import multihost, sharding
+from vit_jax.train import multihost, sharding
 
 
 class _Exit:

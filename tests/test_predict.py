@@ -15,7 +15,8 @@ import torchvision
 from PIL import Image
 
 from train_helpers import REPO
-from vit_jax import formats, inference, input_pipeline, labels
+from vit_jax import formats, inference
+from vit_jax.data import pipeline as input_pipeline, labels
 from vit_jax import predict as predict_lib
 
 SIZE = 32  # torchvision weights at 32px: a 2x2 grid of 16px patches

@@ -14,7 +14,9 @@ import pytest
 
 from train_helpers import (REPO, digits_data_dir, metric_rows, run,
                            start_rows, tiny_config, tiny_overrides, train_cmd)
-from vit_jax import checkpoint, convert, input_pipeline, train_lib, train_loop
+from vit_jax.train import checkpoint, loop as train_loop
+from vit_jax import convert, train as train_lib
+from vit_jax.data import pipeline as input_pipeline
 
 ONE = jax.devices()[:1]
 
@@ -271,7 +273,7 @@ def test_curves_of_a_run_stopped_before_its_first_eval(tmp_path):
   artists with labels found to put in legend" warning."""
   import warnings  # pylint: disable=import-outside-toplevel
 
-  from vit_jax import metrics  # pylint: disable=import-outside-toplevel
+  from vit_jax.train import metrics  # pylint: disable=import-outside-toplevel
   with open(tmp_path / metrics.METRICS_FILE, "w") as f:
     f.write(json.dumps({"step": 0, "kind": "start"}) + "\n")
     f.write(json.dumps({"step": 2, "train_loss": 2.3}) + "\n")

@@ -9,7 +9,7 @@ import pytest
 from ml_collections import config_flags
 
 import train_helpers  # noqa: F401  (repo on sys.path)
-from vit_jax import optim
+from vit_jax.train import optim
 
 RECIPES = ["digits", "b16", "ti16", "s16", "l16", "h14", "dinov2"]
 
@@ -92,7 +92,7 @@ def _parse(*args):
 
 @pytest.mark.parametrize("impl", ["cudnn", "xla", "matmul"])
 def test_attention_impl_from_the_command_line_reaches_the_model(impl):
-  from vit_jax import train_init
+  from vit_jax.train import init as train_init
   c = _parse(f"--config={train_helpers.REPO}/configs/b16.py",
              f"--config.model.attention_impl={impl}")
   model = train_init.build_model(c.model_name,
@@ -105,7 +105,7 @@ def test_attention_impl_from_the_command_line_reaches_the_model(impl):
 
 
 def test_an_unknown_attention_impl_is_a_clear_error_before_training():
-  from vit_jax import train_loop
+  from vit_jax.train import loop as train_loop
   c = _parse(f"--config={train_helpers.REPO}/configs/digits.py",
              "--config.model.attention_impl=flash")
   with pytest.raises(ValueError, match=r"config.model.attention_impl='flash'"

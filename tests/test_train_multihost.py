@@ -185,7 +185,7 @@ def _logged_step(workdir):
 
 
 def _complete_steps(workdir):
-  from vit_jax import checkpoint
+  from vit_jax.train import checkpoint
   return checkpoint.CheckpointManager(
       str(workdir / "checkpoints"), read_only=True).all_steps()
 
@@ -235,7 +235,7 @@ def test_two_processes_train_together(tmp_path):
   assert all(r["eval_examples"] == 359 for r in evals)
   assert evals[-1]["eval_accuracy"] == outs[0]["eval_accuracy"]
   # The shared checkpoint holds the same parameters.
-  from vit_jax import checkpoint
+  from vit_jax.train import checkpoint
   _, variables, info = checkpoint.load_for_inference(str(tmp_path))
   assert info["step"] == total
   np.testing.assert_array_equal(variables["params"]["head"]["kernel"],
@@ -311,7 +311,7 @@ def test_a_killed_peer_stops_the_survivor_and_the_pair_resumes(tmp_path,
     assert (f"The last complete checkpoint is step {last} in "
             f"{tmp_path / 'checkpoints'}" in err), pair.report()
 
-  from vit_jax import checkpoint
+  from vit_jax.train import checkpoint
   _, _, info = checkpoint.load_for_inference(str(tmp_path))
   assert info["step"] == last
   outs = _run(tmp_path, _overrides(total_steps=last + 20))

@@ -39,7 +39,7 @@ def digits_data_dir() -> str:
   if _DATA_DIR is None:
     import tensorflow_datasets as tfds
 
-    import vit_jax.datasets  # noqa: F401
+    import vit_jax.data.digits  # noqa: F401
 
     path = tempfile.mkdtemp(prefix="vit_jax_tfds_")
     atexit.register(shutil.rmtree, path, ignore_errors=True)
@@ -133,7 +133,7 @@ def run_python(code: str, devices: int = 1, timeout: float = 600):
 
 def metric_rows(workdir: str) -> dict:
   """{step: merged numeric metrics} without start rows and timing keys."""
-  from vit_jax import metrics
+  from vit_jax.train import metrics
 
   out = {}
   for r in metrics.read_metrics(workdir):
@@ -145,6 +145,6 @@ def metric_rows(workdir: str) -> dict:
 
 
 def start_rows(workdir: str) -> list:
-  from vit_jax import metrics
+  from vit_jax.train import metrics
 
   return [r for r in metrics.read_metrics(workdir) if r.get("event") == "start"]

@@ -16,7 +16,7 @@ from typing import Any, NamedTuple, Optional, Sequence
 
 import numpy as np
 
-from vit_jax.preprocessing import Preprocessing  # noqa: F401  (public name)
+from vit_jax.data.preprocessing import Preprocessing  # noqa: F401  (public name)
 from vit_jax.weights import build, files
 from vit_jax.weights.check import check_keys  # noqa: F401
 from vit_jax.weights.posemb import resample_posemb, resize_posemb  # noqa: F401

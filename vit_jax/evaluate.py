@@ -5,10 +5,10 @@ r"""Top-1 / top-5 accuracy of a checkpoint on a tfds split.
         --dataset imagenet2012 --split validation --data_dir ~/tensorflow_datasets
 
 The data goes through the training pipeline's eval path
-(:func:`vit_jax.input_pipeline.eval_dataset`: resize the short side, center
+(:func:`vit_jax.data.pipeline.eval_dataset`: resize the short side, center
 crop, normalise with the weights' mean/std; the last batch padded with
 ``mask == 0`` examples) and training's eval step and loop
-(:func:`vit_jax.train_step.evaluate`), so every example of the split is
+(:func:`vit_jax.train.step.evaluate`), so every example of the split is
 counted exactly once. The resize/crop and mean/std are those of the weights
 (a run's own config; torchvision's 256 -> 224 and ImageNet statistics; 0.5 /
 0.5 for Google and timm weights). Label indices must follow the dataset's
@@ -23,7 +23,8 @@ import sys
 import time
 from typing import Optional, Sequence, Union
 
-from vit_jax import console, inference
+from vit_jax.data import console
+from vit_jax import inference
 
 
 def _eval_config(dataset: str, split: str, data_dir: Optional[str],
@@ -44,12 +45,12 @@ def _eval_config(dataset: str, split: str, data_dir: Optional[str],
 def eval_source(loaded: inference.Loaded, dataset: Optional[str] = None,
                 split: Optional[str] = None, data_dir: Optional[str] = None,
                 download: bool = True, needs_head: bool = False):
-  """(config, :class:`~vit_jax.input_pipeline.DataSource`) of
+  """(config, :class:`~vit_jax.data.pipeline.DataSource`) of
   ``dataset[split]`` as the evaluation pipeline reads it for ``loaded``
   (its preprocessing's crop and resize). For a training checkpoint,
   ``dataset`` / ``split`` / ``data_dir`` default to its run's (its eval
   split); ``needs_head``: refuse a model without a classification head."""
-  from vit_jax import input_pipeline  # pylint: disable=import-outside-toplevel
+  from vit_jax.data import pipeline as input_pipeline  # pylint: disable=import-outside-toplevel
 
   run = loaded.info.get("config") or {}  # a training run's config
   dataset = dataset or run.get("dataset")
@@ -81,7 +82,8 @@ def evaluate(checkpoint: Union[str, inference.Loaded], *,
   """
   import jax  # pylint: disable=import-outside-toplevel
 
-  from vit_jax import input_pipeline, train_step  # pylint: disable=import-outside-toplevel
+  from vit_jax.data import pipeline as input_pipeline  # pylint: disable=import-outside-toplevel
+  from vit_jax.train import step as train_step  # pylint: disable=import-outside-toplevel
 
   loaded = (checkpoint if isinstance(checkpoint, inference.Loaded) else
             inference.load(checkpoint, model_name=model_name,

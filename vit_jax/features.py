@@ -11,7 +11,7 @@ Any checkpoint :func:`vit_jax.weights.load` accepts (``--patch_size`` and
 ``--image_size`` as there); ``--dataset`` is a tfds name or
 ``folder:/path`` (``<dir>/<split>/<label>/*.jpg``), default the run's. The
 data goes through the evaluation pipeline
-(:func:`vit_jax.input_pipeline.eval_dataset`: resize, center crop, the
+(:func:`vit_jax.data.pipeline.eval_dataset`: resize, center crop, the
 weights' mean/std; the last batch padded with ``mask == 0`` examples, which
 are dropped), batched over all devices (a ``('data',)`` mesh; each process
 reads its own slice), so every example is embedded exactly once; the count
@@ -86,7 +86,8 @@ def extract(checkpoint: Union[str, inference.Loaded], *,
   from jax.experimental import multihost_utils  # pylint: disable=import-outside-toplevel
   from jax.sharding import NamedSharding, PartitionSpec  # pylint: disable=import-outside-toplevel
 
-  from vit_jax import evaluate, input_pipeline, train_lib, visualize  # pylint: disable=import-outside-toplevel
+  from vit_jax import evaluate, train as train_lib, visualize  # pylint: disable=import-outside-toplevel
+  from vit_jax.data import pipeline as input_pipeline  # pylint: disable=import-outside-toplevel
 
   if isinstance(checkpoint, inference.Loaded):
     loaded = checkpoint

@@ -11,7 +11,7 @@ from typing import Callable, List, Sequence
 
 import numpy as np
 
-from vit_jax.preprocessing import preprocess_pil  # noqa: F401
+from vit_jax.data.preprocessing import preprocess_pil  # noqa: F401
 from vit_jax.weights import (  # noqa: F401  (the loader, re-exported)
     SUPPORTED, CheckpointError, Loaded, load)
 

@@ -30,7 +30,8 @@ from typing import List, Optional, Sequence, Tuple, Union
 
 import numpy as np
 
-from vit_jax import console, inference
+from vit_jax.data import console
+from vit_jax import inference
 
 
 @dataclasses.dataclass

@@ -37,7 +37,8 @@ from typing import List, Optional, Sequence
 
 import numpy as np
 
-from vit_jax import console, inference
+from vit_jax.data import console
+from vit_jax import inference
 
 
 # --------------------------------------------------------------------------- #
@@ -185,7 +186,7 @@ def pca_input(image: np.ndarray, pre, size: int, patch: int) -> np.ndarray:
   mean / std."""
   from PIL import Image  # pylint: disable=import-outside-toplevel
 
-  from vit_jax import preprocessing  # pylint: disable=import-outside-toplevel
+  from vit_jax.data import preprocessing  # pylint: disable=import-outside-toplevel
 
   h, w = image.shape[:2]
   scale = size / min(h, w)

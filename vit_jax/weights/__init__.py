@@ -42,7 +42,7 @@ from typing import Any, List, Optional
 
 import numpy as np
 
-from vit_jax import labels, preprocessing as pp
+from vit_jax.data import labels, preprocessing as pp
 from vit_jax.weights import build, files, google_npz, trees
 from vit_jax.weights.build import from_state_dict, from_tree, to_state_dict  # noqa: F401
 from vit_jax.weights.check import check, check_keys  # noqa: F401
@@ -140,7 +140,7 @@ def load(source, *, model_name: Optional[str] = None, image_size=None,
     num_heads: heads of a model of non-standard width.
     label_file: class names (one per line, or a JSON list).
     preprocessing: how images must be prepared for these weights (a
-      :class:`~vit_jax.preprocessing.Preprocessing` or its dict), for files
+      :class:`~vit_jax.data.preprocessing.Preprocessing` or its dict), for files
       that do not say it; without it such a file's recipe is assumed from
       its layout and architecture, with a :class:`GuessWarning`.
     **model_overrides: options of the model built (``dtype``,
@@ -169,7 +169,7 @@ def _given(pre) -> Optional[pp.Preprocessing]:
     return pre
   if isinstance(pre, dict):
     return pp.Preprocessing.from_dict(pre)
-  raise TypeError(f"preprocessing: expected a vit_jax.preprocessing."
+  raise TypeError(f"preprocessing: expected a vit_jax.data.preprocessing."
                   f"Preprocessing or its dict, got {type(pre).__name__}")
 
 
@@ -379,7 +379,8 @@ def _load_dir(path: str, name, kw, src, given=None) -> Loaded:
 
 
 def _load_orbax(path: str, name, image_size, patch_size=None) -> Loaded:
-  from vit_jax import checkpoint, input_pipeline  # pylint: disable=import-outside-toplevel
+  from vit_jax.train import checkpoint  # pylint: disable=import-outside-toplevel
+  from vit_jax.data import pipeline as input_pipeline  # pylint: disable=import-outside-toplevel
   import types  # pylint: disable=import-outside-toplevel
 
   model, variables, info = checkpoint.load_for_inference(path)

@@ -59,7 +59,8 @@ def main(argv: Optional[list] = None) -> int:
                  help="JSON object of model fields the checkpoint is stated to "
                       "have (e.g. '{\"num_heads\": 2}')")
   args = p.parse_args(argv)
-  from vit_jax import console, weights  # pylint: disable=import-outside-toplevel
+  from vit_jax.data import console  # pylint: disable=import-outside-toplevel
+  from vit_jax import weights  # pylint: disable=import-outside-toplevel
   console.quiet_native_logs()
   try:
     overrides = json.loads(args.overrides)

@@ -160,7 +160,7 @@ def resize_patch(model, variables, patch_size: int, image_size=None):
     raise ValueError(
         f"patch_size={patch_size}: the weights' position embedding is not a "
         f"square grid, so their resolution is unknown; pass image_size.")
-  h, w = models._pair(size)  # pylint: disable=protected-access
+  h, w = models.pair(size)
   if h % patch_size or w % patch_size:
     raise ValueError(f"patch_size={patch_size} does not divide the image "
                      f"size {h}x{w}; pass an image_size it divides.")

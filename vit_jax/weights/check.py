@@ -52,7 +52,7 @@ def expected(model, image_size=None) -> dict:
   import jax.numpy as jnp  # pylint: disable=import-outside-toplevel
   from vit_jax import models  # pylint: disable=import-outside-toplevel
 
-  h, w = models._pair(image_size or model.image_size or 224)  # pylint: disable=protected-access
+  h, w = models.pair(image_size or model.image_size or 224)
   x = jax.ShapeDtypeStruct((1, h, w, model.num_channels), jnp.float32)
   ref = model.clone(scan_layers=False, remat_policy=None)
   tree = jax.eval_shape(lambda x: ref.init(jax.random.key(0), x, train=False),

@@ -115,7 +115,7 @@ def npz_to_tree(arrays: Mapping[str, Any], *, image_size=None) -> dict:
             "This checkpoint stores no position embedding (big_vision's "
             "fixed 'sincos2d'); pass image_size to compute it for a "
             "resolution.")
-      gh, gw = models._pair(image_size)  # pylint: disable=protected-access
+      gh, gw = models.pair(image_size)
       p = int(kernel.shape[0])
       pe = posemb_sincos_2d(gh // p, gw // p, int(kernel.shape[-1]))
     tr["posembed_input"] = {"pos_embedding": pe}

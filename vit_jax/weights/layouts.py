@@ -344,7 +344,7 @@ def timm_hints(name: str) -> Dict[str, Any]:
 def timm_preprocessing_cfg(name: str) -> Dict[str, Any]:
   """A timm-style pretrained_cfg for the family of ``name`` (input size,
   interpolation, crop_pct, mean, std)."""
-  from vit_jax import preprocessing as pp  # pylint: disable=import-outside-toplevel
+  from vit_jax.data import preprocessing as pp  # pylint: disable=import-outside-toplevel
 
   parsed = parse_timm_name(name) or {}
   cfg = dict(mean="half", interpolation="bicubic", crop_pct=0.9)

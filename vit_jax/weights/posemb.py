@@ -14,7 +14,7 @@ patch size used at another.
   ``resample_patch_embed`` (and big_vision's ``resample_patchemb`` up to its
   resize), so that ``<x, w> == <resize(x), resample(w)>`` for patches ``x``.
 
-The interpolation matrices are :mod:`vit_jax.interpolate`'s.
+The interpolation matrices are :mod:`vit_jax.models.interpolate`'s.
 """
 
 from __future__ import annotations
@@ -24,7 +24,8 @@ from typing import Optional, Tuple
 
 import numpy as np
 
-from vit_jax import interpolate, models
+from vit_jax.models import interpolate
+from vit_jax import models
 from vit_jax.weights import trees
 
 METHODS = ("torchvision", "timm")
@@ -68,7 +69,7 @@ def resample_posemb(posemb, new_grid, *, num_prefix_tokens: int = 1,
   if gh * gw != grid.shape[1]:
     raise ValueError(f"old_grid={old_grid} has {gh * gw} cells, the embedding "
                      f"has {grid.shape[1]} patch rows")
-  nh, nw = models._pair(new_grid)  # pylint: disable=protected-access
+  nh, nw = models.pair(new_grid)
   if (nh, nw) == (gh, gw):
     return posemb
   d = grid.shape[-1]
@@ -93,7 +94,7 @@ def resize_posemb(variables, image_size, patch_size: Optional[int] = None,
   params = trees.params_of(variables)
   if patch_size is None:
     patch_size = int(np.shape(params["embedding"]["kernel"])[0])
-  h, w = models._pair(image_size)  # pylint: disable=protected-access
+  h, w = models.pair(image_size)
   if h % patch_size or w % patch_size:
     raise ValueError(f"image_size {h}x{w} is not divisible by the patch size "
                      f"{patch_size}")
@@ -148,7 +149,7 @@ def resample_patch_embed(kernel, new_patch_size) -> np.ndarray:
     raise ValueError(f"Expected a patch-embedding kernel of shape (P, P, "
                      f"channels, width) (our layout), got {kernel.shape}")
   ph, pw = kernel.shape[:2]
-  nh, nw = models._pair(new_patch_size)  # pylint: disable=protected-access
+  nh, nw = models.pair(new_patch_size)
   if min(nh, nw) < 1:
     raise ValueError(f"new_patch_size={new_patch_size}: expected positive "
                      f"sizes")

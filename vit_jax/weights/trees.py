@@ -205,7 +205,7 @@ def arch_of(variables, *, conv_stem=None, patch_size=None,
   prefix = int(arch["classifier"] == "token") + arch["num_registers"]
   grid = None
   if image_size is not None:
-    h, w = models._pair(image_size)  # pylint: disable=protected-access
+    h, w = models.pair(image_size)
     grid = (h // arch["patch_size"]) * (w // arch["patch_size"])
   if grid is not None and rows in (grid, grid + prefix):
     no_embed_class = rows == grid and prefix > 0

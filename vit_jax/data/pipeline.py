@@ -35,8 +35,8 @@ import numpy as np
 import tensorflow as tf
 import tensorflow_datasets as tfds
 
-from vit_jax import console
-import vit_jax.datasets  # noqa: F401  (registers the bundled 'digits' builder)
+from vit_jax.data import console
+import vit_jax.data.digits  # noqa: F401  (registers the bundled 'digits' builder)
 
 IMAGENET_MEAN = (0.485, 0.456, 0.406)
 IMAGENET_STD = (0.229, 0.224, 0.225)
@@ -400,7 +400,7 @@ def preprocess_train(image, seed, *, pp, image_size: int, mean=None, std=None):
   if pp.flip:
     image = tf.image.stateless_random_flip_left_right(image, seeds[1])
   if pp.randaugment_layers:
-    from vit_jax import randaugment  # pylint: disable=import-outside-toplevel
+    from vit_jax.data import randaugment  # pylint: disable=import-outside-toplevel
     image = randaugment.randaugment(
         _to_uint8(image), num_layers=pp.randaugment_layers,
         magnitude=pp.randaugment_magnitude, seed=seeds[2])
@@ -450,7 +450,7 @@ def train_dataset(config, src: DataSource, *, local_batch: int,
 
   Yields dicts ``image`` (local_batch, S, S, 3) and ``label`` int32. Images
   are uint8 (a quarter of float32's bytes to the device), normalised inside
-  the jitted step (:func:`vit_jax.train_step.normalize_images`); with
+  the jitted step (:func:`vit_jax.train.step.normalize_images`); with
   ``mean`` and ``std`` they are normalised float32 here instead (the same
   numbers), for host-side consumers.
   """
@@ -564,7 +564,7 @@ def start_global(ds: tf.data.Dataset, sharding, ahead: int = 1):
   Args:
     ds: this process's batches (:func:`train_dataset`, :func:`eval_dataset`).
     sharding: where a global batch lives (the batch axis split over every
-      mesh axis, :func:`vit_jax.sharding.batch_sharding`); each process
+      mesh axis, :func:`vit_jax.train.sharding.batch_sharding`); each process
       supplies the rows of its own devices.
     ahead: global batches whose host-to-device copies are started before
       the one yielded is used (1: double-buffered, the next batch is copied

@@ -13,7 +13,7 @@ height and width) dimensions. This route was measured against jax2onnx
 conflicting pins (jax2onnx requires orbax-checkpoint < 0.11.37).
 
 The preprocessing is the same code as the JAX artifacts'
-(:func:`vit_jax.export_preprocessing.preprocess_with`) run with torch ops:
+(:func:`vit_jax.export.preprocessing.preprocess_with`) run with torch ops:
 the resampling weights are computed in the graph from the input's height and
 width.
 """
@@ -25,7 +25,7 @@ import functools
 import numpy as np
 
 from vit_jax import export as export_lib
-from vit_jax import export_preprocessing
+from vit_jax.export import preprocessing as export_preprocessing
 from vit_jax.weights import files
 
 _OPSET = 18
@@ -75,7 +75,7 @@ class _TorchOps:
 
 def _torch_preprocessing(pre):
   """A torch module: uint8 (B, H, W, 3) -> float32 (B, S, S, 3), the
-  function of :func:`vit_jax.export_preprocessing.preprocess`."""
+  function of :func:`vit_jax.export.preprocessing.preprocess`."""
   import torch  # pylint: disable=import-outside-toplevel
 
   export_preprocessing.resize_method(pre)  # a clear error for others

@@ -1,6 +1,6 @@
 """The train state and the jitted steps: init, train, eval; the eval loop.
 
-One ``jax.jit`` program per step over the mesh (:mod:`vit_jax.sharding`),
+One ``jax.jit`` program per step over the mesh (:mod:`vit_jax.train.sharding`),
 with explicit in/out shardings and the state donated. No ``pmap``.
 
 The train state carries running sums of the loss since the last log event
@@ -10,7 +10,7 @@ one and a non-finite loss anywhere in a window is never missed.
 The jitted train step also takes every process's SIGTERM vote (one int per
 device) and returns their maximum, replicated: the processes learn about a
 preemption notice through the step's own all-reduce, so they all stop after
-the same step (:mod:`vit_jax.multihost`).
+the same step (:mod:`vit_jax.train.multihost`).
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ import jax.numpy as jnp
 import optax
 from jax.sharding import Mesh
 
-from vit_jax import sharding as sharding_lib
+from vit_jax.train import sharding as sharding_lib
 
 EVAL_SUMS = ("loss", "correct", "correct5", "count")
 
@@ -39,7 +39,7 @@ class TrainState:
   acc: Dict[str, jax.Array]  # running sums since the last log event
 
   def items(self) -> Dict[str, Any]:
-    """The checkpoint items (see :mod:`vit_jax.checkpoint`)."""
+    """The checkpoint items (see :mod:`vit_jax.train.checkpoint`)."""
     variables = {"params": self.params}
     if self.batch_stats:
       variables["batch_stats"] = self.batch_stats
@@ -94,7 +94,7 @@ def num_params(abstract_state) -> int:
 def normalize_images(images, mean=None, std=None):
   """The model's input from a batch's images, on the device.
 
-  uint8 images (the input pipeline's, :mod:`vit_jax.input_pipeline`) are
+  uint8 images (the input pipeline's, :mod:`vit_jax.data.pipeline`) are
   pixels: ``(x / 255 - mean) / std`` per channel in float32, the same numbers
   as the host's normalisation (``input_pipeline._normalize``). Floating-point
   images are taken as already normalised and returned as they are.
@@ -250,7 +250,7 @@ class Compiled:
 
   ``train_step(state, batch, votes) -> (state, max(votes))``: ``votes`` has
   one int32 per device, sharded like the batch
-  (:meth:`vit_jax.multihost.Preemption.votes`).
+  (:meth:`vit_jax.train.multihost.Preemption.votes`).
   """
 
   init_from_rng: Any

@@ -162,7 +162,7 @@ def preprocess_pil(image: np.ndarray, pre: Preprocessing) -> np.ndarray:
 def preprocess_tf(image: np.ndarray, pre: Preprocessing) -> np.ndarray:
   """The training pipeline's eval transform (TensorFlow), for models trained
   by ``train.py``: what they saw during evaluation."""
-  from vit_jax import input_pipeline  # pylint: disable=import-outside-toplevel
+  from vit_jax.data import pipeline as input_pipeline  # pylint: disable=import-outside-toplevel
 
   out = input_pipeline.preprocess_eval(
       np.asarray(image, np.uint8), image_size=int(pre.crop_size),

@@ -6,7 +6,7 @@ Parameter names follow google-research/vision_transformer's linen modules
 ``encoder_norm``) and big_vision's (``MAPHead_0``); options that other
 families need (LayerScale, a pre-norm, registers' position rows) add
 parameters only when they are on. :mod:`vit_jax.models` assembles the
-blocks; the arithmetic lives in :mod:`vit_jax.kernels`.
+blocks; the arithmetic lives in :mod:`vit_jax.models.kernels`.
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ import jax.numpy as jnp
 from jax import lax
 import numpy as np
 
-from vit_jax import interpolate, kernels
+from vit_jax.models import interpolate, kernels
 
 Dtype = Any
 
@@ -87,7 +87,7 @@ def _drop_path(module: nn.Module, x, rate, deterministic: bool):
 class LayerNorm(nn.Module):
   """``nn.LayerNorm``'s parameters (``scale``, ``bias``), initialisers and
   function (float32 statistics, output in ``dtype``), computed by
-  :func:`vit_jax.kernels.layer_norm` (a closed-form backward pass)."""
+  :func:`vit_jax.models.kernels.layer_norm` (a closed-form backward pass)."""
 
   epsilon: float = 1e-6
   dtype: Optional[Dtype] = None
@@ -133,7 +133,7 @@ class _Projection(nn.Module):
 
 class Dense(nn.Module):
   """``nn.Dense``'s parameters (``kernel`` (in, out), ``bias``) and init,
-  computed with :func:`vit_jax.kernels.dense` (the fast low-precision path
+  computed with :func:`vit_jax.models.kernels.dense` (the fast low-precision path
   on CPU)."""
 
   features: int
@@ -154,7 +154,7 @@ class PatchEmbed(nn.Module):
   """``nn.Conv(features, (p, p), strides=(p, p), padding='VALID')``: its
   parameters (``kernel`` (p, p, C, features), ``bias``), initialisers and
   function, computed as one GEMM of the flattened patches
-  (B*h*w, p*p*C) @ (p*p*C, features) through :func:`vit_jax.kernels.dense`.
+  (B*h*w, p*p*C) @ (p*p*C, features) through :func:`vit_jax.models.kernels.dense`.
 
   XLA:CPU runs the strided convolution and its kernel gradient far below
   GEMM speed, and in bfloat16 upcasts both to float32 (bench/README.md);
@@ -208,7 +208,7 @@ class MultiHeadDotProductAttention(nn.Module):
   attention by default; ``inputs_kv`` gives cross-attention (the MAP head's
   probe attending to the tokens). Every projection runs as one plain 2-D GEMM
   on the (batch * tokens, D) activations. Which attention computation runs is
-  :func:`vit_jax.kernels.choose_attention`'s decision; all compute the same
+  :func:`vit_jax.models.kernels.choose_attention`'s decision; all compute the same
   function. Attention weights are sown with ``sow_weights`` and dropped out
   with an active dropout rate.
   """
@@ -409,7 +409,7 @@ class AddPositionEmbs(nn.Module):
   exactly as timm's ``dynamic_img_size`` does (``resample_abs_pos_embed``:
   antialiased bicubic, half-pixel centres; prefix rows kept). The per-axis
   interpolation matrices are numpy constants built at trace time
-  (:mod:`vit_jax.interpolate`), applied as two small matmuls, so gradients
+  (:mod:`vit_jax.models.interpolate`), applied as two small matmuls, so gradients
   flow to the stored embedding; under ``jax.jit`` each new input shape
   traces and compiles once.
   """

@@ -12,7 +12,7 @@ rounding.
 
 One code, :func:`preprocess_with`, runs in any array namespace: JAX here
 (:func:`preprocess`, exported by ``jax.export`` for StableHLO and
-SavedModel), torch in :mod:`vit_jax.export_onnx` (exported by
+SavedModel), torch in :mod:`vit_jax.export.onnx` (exported by
 ``torch.onnx.export``).
 
 Against PIL: the same geometry and filters (bilinear = triangle, bicubic =
@@ -58,7 +58,7 @@ def resize_method(pre) -> str:
 
 # Filters (PIL's BILINEAR, BICUBIC, LANCZOS; jax.image's linear, cubic,
 # lanczos3) of a distance x >= 0 in input pixels, written for any array
-# namespace ``xp`` (JAX here, torch in vit_jax.export_onnx).
+# namespace ``xp`` (JAX here, torch in vit_jax.export.onnx).
 def _triangle(xp, x):
   return xp.relu(1.0 - x)
 

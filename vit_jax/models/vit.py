@@ -19,7 +19,7 @@ with a leading layer axis; :func:`vit_jax.convert.unstack_layers` and
 
 Usage::
 
-    model = get_model("vit_b_16", num_classes=10)
+    model = models.get_model("vit_b_16", num_classes=10)
     variables = model.init(jax.random.key(0), jnp.zeros((1, 224, 224, 3)))
     logits = model.apply(variables, images, train=False)
 
@@ -38,7 +38,7 @@ Any resolution with one set of variables (the position embedding is
 resampled in the forward pass, as timm's ``dynamic_img_size``; under
 ``jax.jit`` each new input shape compiles once)::
 
-    model = get_model("vit_b_16", dynamic_img_size=True)
+    model = models.get_model("vit_b_16", dynamic_img_size=True)
     logits = model.apply(variables, images_384x512)
 """
 
@@ -46,7 +46,6 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import re
 from typing import (Any, List, Literal, Mapping, Optional, Sequence, Tuple,
                     Union)
 
@@ -55,81 +54,15 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from vit_jax.layers import (  # noqa: F401  (re-exported building blocks)
+from vit_jax.models.layers import (  # noqa: F401  (re-exported building blocks)
     LN_EPS, AddPositionEmbs, Encoder, Encoder1DBlock, LayerNorm, MAPHead,
     MlpBlock, MultiHeadDotProductAttention, PatchEmbed, activation)
 
 Array = Any
 Dtype = Any
 
-__all__ = [
-    "FIELDS",
-    "SIZES",
-    "VARIANTS",
-    "Variant",
-    "ConvStemConfig",
-    "VisionTransformer",
-    "decode_variant",
-    "get_model",
-    "variant_name",
-    "count_params",
-    "feature_take_indices",
-]
-
-
-# --------------------------------------------------------------------------- #
-# Variants: one table of sizes; a name ``vit_{size}_{patch}`` decodes into it.
-# --------------------------------------------------------------------------- #
-
-
-@dataclasses.dataclass(frozen=True)
-class Variant:
-  """Architecture of one named ViT: what a name like ``vit_b_16`` means."""
-
-  hidden_size: int
-  num_layers: int
-  num_heads: int
-  mlp_dim: int
-  patch_size: int
-
-  def as_kwargs(self) -> dict:
-    return dataclasses.asdict(self)
-
-
-# width, depth, heads, mlp_dim (ViT paper Table 1; Ti and S from DeiT / AugReg).
-SIZES = {
-    "ti": (192, 12, 3, 768),
-    "s": (384, 12, 6, 1536),
-    "b": (768, 12, 12, 3072),
-    "l": (1024, 24, 16, 4096),
-    "h": (1280, 32, 16, 5120),
-}
-
-_NAME_RE = re.compile(r"^vit_(ti|s|b|l|h)_(\d+)$")
-_BV_NAME_RE = re.compile(r"^(Ti|S|B|L|H)/(\d+)$")
-
-
-def decode_variant(name: str) -> Variant:
-  """Decodes ``vit_b_16`` (torchvision style) or ``B/16`` (big_vision style)."""
-  m = _NAME_RE.match(name) or _BV_NAME_RE.match(name)
-  if m is None:
-    raise ValueError(
-        f"Unknown ViT variant {name!r}: expected 'vit_{{size}}_{{patch}}' with "
-        f"size one of {sorted(SIZES)} (e.g. 'vit_b_16'), or big_vision's "
-        f"'B/16'. Registered: {', '.join(VARIANTS)}.")
-  size, patch = m.group(1).lower(), int(m.group(2))
-  if patch <= 0:
-    raise ValueError(f"Patch size must be positive in {name!r}.")
-  width, depth, heads, mlp = SIZES[size]
-  return Variant(width, depth, heads, mlp, patch)
-
-
-# The registered variants: torchvision's five, plus Ti and S.
-VARIANTS = {
-    name: decode_variant(name)
-    for name in ("vit_ti_16", "vit_s_16", "vit_s_32", "vit_b_16", "vit_b_32",
-                 "vit_l_16", "vit_l_32", "vit_h_14")
-}
+__all__ = ["ConvStemConfig", "VisionTransformer", "feature_take_indices",
+           "pair"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -160,7 +93,7 @@ class VisionTransformer(nn.Module):
       not) with one set of variables: the position embedding is resampled
       to the input's patch grid inside the forward pass, as timm's
       ``dynamic_img_size=True`` does (antialiased bicubic; see
-      :class:`~vit_jax.layers.AddPositionEmbs`). Under ``jax.jit`` every new
+      :class:`~vit_jax.models.layers.AddPositionEmbs`). Under ``jax.jit`` every new
       input shape is traced and compiled once (then cached).
     dynamic_img_pad: zero-pad the input at the bottom and right to the next
       multiple of the patch size (timm's ``dynamic_img_pad``), so any size
@@ -207,7 +140,7 @@ class VisionTransformer(nn.Module):
     sow_attention_weights: sow every block's attention probabilities
       (``intermediates/.../attention_weights``, (B, heads, N, N)).
     attention_impl: ``None`` (default) lets
-      :func:`vit_jax.kernels.choose_attention` pick per backend (the
+      :func:`vit_jax.models.kernels.choose_attention` pick per backend (the
       hand-written ``'matmul'`` kernels on CPU, cuDNN's fused attention on
       GPU in bfloat16/float16, XLA otherwise); ``'matmul'``, ``'xla'`` or
       ``'cudnn'`` force one. All compute the same function.
@@ -290,7 +223,7 @@ class VisionTransformer(nn.Module):
           f"{max(p, h // p * p)}x{max(p, w // p * p)}), or a model with "
           f"dynamic_img_pad=True.")
     if self.image_size is not None and not self.dynamic_img_size:
-      want = _pair(self.image_size)
+      want = pair(self.image_size)
       if (h, w) != want:
         raise ValueError(
             f"This model was built for {want[0]}x{want[1]} images, got "
@@ -375,7 +308,7 @@ class VisionTransformer(nn.Module):
     """The patch grid of ``image_size`` (None when it is not set)."""
     if self.image_size is None:
       return None
-    h, w = _pair(self.image_size)
+    h, w = pair(self.image_size)
     return h // self.patch_size, w // self.patch_size  # timm's grid_size
 
   def embed(self, images, *, train: bool = False):
@@ -525,87 +458,10 @@ def feature_take_indices(num_blocks: int,
   return sorted(set(take))
 
 
-def _pair(v):
+def pair(v) -> Tuple[int, int]:
+  """``image_size`` as (height, width): an int is a square."""
   if isinstance(v, (tuple, list)):
     if len(v) != 2:
       raise ValueError(f"image_size must be an int or (height, width), got {v}")
     return int(v[0]), int(v[1])
   return int(v), int(v)
-
-
-# --------------------------------------------------------------------------- #
-# Public constructors.
-# --------------------------------------------------------------------------- #
-
-
-FIELDS = tuple(f.name for f in dataclasses.fields(VisionTransformer)
-               if f.name not in ("parent", "name"))
-# Fields that are options of a run (training, compute, input handling), not
-# the architecture a checkpoint stores; ARCH_FIELDS are the others.
-OPTION_FIELDS = ("num_classes", "image_size", "dropout_rate",
-                 "attention_dropout_rate", "drop_path_rate", "head_bias_init",
-                 "dtype", "param_dtype", "scan_layers", "remat_policy",
-                 "sow_attention_weights", "attention_impl", "dynamic_img_size",
-                 "dynamic_img_pad")
-ARCH_FIELDS = tuple(f for f in FIELDS if f not in OPTION_FIELDS)
-
-
-def get_model(name_or_arch: Union[str, Variant, Mapping[str, Any]],
-              **overrides) -> VisionTransformer:
-  """The one constructor: a name or an architecture -> a linen Module.
-
-  ``name_or_arch`` is a variant name (``vit_b_16``, big_vision's ``B/16``),
-  a :class:`Variant`, or a mapping of :class:`VisionTransformer` fields (an
-  architecture, e.g. what :func:`vit_jax.weights.arch_of` reads from a
-  tree). Any field can be overridden, e.g. ``get_model("vit_b_16",
-  num_classes=10, drop_path_rate=0.1, dtype=jnp.bfloat16)``.
-  """
-  if isinstance(name_or_arch, str):
-    kwargs = decode_variant(name_or_arch).as_kwargs()
-  elif isinstance(name_or_arch, Variant):
-    kwargs = name_or_arch.as_kwargs()
-  elif isinstance(name_or_arch, Mapping):
-    kwargs = dict(name_or_arch)
-  else:
-    raise TypeError(f"get_model: expected a variant name, a Variant or a "
-                    f"mapping of VisionTransformer fields, got "
-                    f"{type(name_or_arch).__name__}")
-  what = name_or_arch if isinstance(name_or_arch, str) else "architecture"
-  unknown = sorted(set(kwargs) - set(FIELDS)) + sorted(set(overrides) - set(FIELDS))
-  if unknown:
-    raise TypeError(f"get_model({what!r}): unknown option(s) {unknown}; "
-                    f"valid options are {sorted(FIELDS)}")
-  kwargs.update(overrides)
-  for key in ("dtype", "param_dtype"):
-    if isinstance(kwargs.get(key), str):
-      kwargs[key] = jnp.dtype(kwargs[key])
-  if kwargs.get("conv_stem") is not None:
-    kwargs["conv_stem"] = tuple(
-        c if isinstance(c, ConvStemConfig) else ConvStemConfig(*c)
-        for c in kwargs["conv_stem"])
-  return VisionTransformer(**kwargs)
-
-
-def variant_name(arch: Mapping[str, Any]) -> Optional[str]:
-  """Our name (``vit_b_16``) for an architecture of a standard size."""
-  for size, (w, depth, heads, mlp) in SIZES.items():
-    if (arch.get("hidden_size"), arch.get("num_layers"), arch.get("num_heads"),
-        arch.get("mlp_dim")) == (w, depth, heads, mlp):
-      return f"vit_{size}_{arch.get('patch_size')}"
-  return None
-
-
-def count_params(tree) -> int:
-  """Number of scalars in a parameter tree (or ``{'params': ...}``)."""
-  if isinstance(tree, dict) and "params" in tree:
-    tree = tree["params"]
-  return int(sum(np.prod(np.shape(x)) for x in jax.tree_util.tree_leaves(tree)))
-
-
-def init_params(model: VisionTransformer, image_size: int = 224, seed: int = 0):
-  """Initialises ``model`` for square ``image_size`` inputs (shapes only are
-  traced, so this is cheap for the large variants under ``jax.jit``)."""
-  size = _pair(model.image_size or image_size)
-  x = jnp.zeros((1, *size, model.num_channels), jnp.float32)
-  return jax.jit(functools.partial(model.init, train=False))(
-      jax.random.key(seed), x)

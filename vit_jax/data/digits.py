@@ -11,7 +11,7 @@ stable), giving 1,438 ``train`` and 359 ``test`` examples.
 It is an ordinary ``tfds`` builder, so it goes through the same
 ``tfds -> tf.data`` path as CIFAR or ImageNet::
 
-    import vit_jax.datasets  # registers 'digits'
+    import vit_jax.data.digits  # registers 'digits'
     ds = tfds.load("digits", split="train")
 """
 

@@ -2,11 +2,11 @@
 
 ``imagenet_categories()`` returns the copy of torchvision's
 ``_IMAGENET_CATEGORIES`` (the ``categories`` of its weights' meta) generated
-in :mod:`vit_jax._imagenet_categories`: looking them up needs no torchvision
+in :mod:`vit_jax.data._imagenet_categories`: looking them up needs no torchvision
 (whose import crashes a process that imported TensorFlow first). A test keeps
 the copy equal to torchvision's. Regenerate it with::
 
-    python -m vit_jax.labels --write
+    python -m vit_jax.data.labels --write
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ _GENERATED = os.path.join(os.path.dirname(__file__), "_imagenet_categories.py")
 def imagenet_categories() -> List[str]:
   """The 1000 ImageNet-1k class names in index order (torchvision's, which
   is also tfds ``imagenet2012``'s: sorted WordNet ids)."""
-  from vit_jax._imagenet_categories import CATEGORIES  # pylint: disable=import-outside-toplevel
+  from vit_jax.data._imagenet_categories import CATEGORIES  # pylint: disable=import-outside-toplevel
   return list(CATEGORIES)
 
 
@@ -66,12 +66,12 @@ def _generated_source(categories: Sequence[str]) -> str:
   return (
       '"""ImageNet-1k class names, in torchvision\'s (= tfds imagenet2012\'s) '
       'order.\n\nGenerated from ``torchvision.models._meta._IMAGENET_CATEGORIES'
-      '`` by\n``python -m vit_jax.labels --write``; do not edit. '
-      ':func:`vit_jax.labels.imagenet_categories` returns it.\n"""\n\nCATEGORIES = (\n' + body + "\n)\n")
+      '`` by\n``python -m vit_jax.data.labels --write``; do not edit. '
+      ':func:`vit_jax.data.labels.imagenet_categories` returns it.\n"""\n\nCATEGORIES = (\n' + body + "\n)\n")
 
 
 def write_generated(path: str = _GENERATED) -> str:
-  """(Re)writes :mod:`vit_jax._imagenet_categories` from torchvision."""
+  """(Re)writes :mod:`vit_jax.data._imagenet_categories` from torchvision."""
   from torchvision.models._meta import _IMAGENET_CATEGORIES  # pylint: disable=import-outside-toplevel
 
   with open(path, "w", encoding="utf-8") as f:
@@ -81,5 +81,5 @@ def write_generated(path: str = _GENERATED) -> str:
 
 if __name__ == "__main__":
   if sys.argv[1:] != ["--write"]:
-    sys.exit("usage: python -m vit_jax.labels --write")
+    sys.exit("usage: python -m vit_jax.data.labels --write")
   print(f"wrote {write_generated()}")

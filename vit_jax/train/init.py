@@ -28,7 +28,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from vit_jax import checkpoint, models, preprocessing as pp, weights
+from vit_jax.train import checkpoint
+from vit_jax import models, weights
+from vit_jax.data import preprocessing as pp
 from vit_jax.weights import files, trees
 from vit_jax.weights.check import check_keys
 

@@ -1,7 +1,7 @@
 """ImageNet-1k class names, in torchvision's (= tfds imagenet2012's) order.
 
 Generated from ``torchvision.models._meta._IMAGENET_CATEGORIES`` by
-``python -m vit_jax.labels --write``; do not edit. :func:`vit_jax.labels.imagenet_categories` returns it.
+``python -m vit_jax.data.labels --write``; do not edit. :func:`vit_jax.data.labels.imagenet_categories` returns it.
 """
 
 CATEGORIES = (

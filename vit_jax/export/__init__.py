@@ -16,7 +16,7 @@ artifact maps images to logits (float32, ``(batch, num_classes)``):
 * with ``--with-preprocessing`` it takes decoded uint8 RGB images
   ``(batch, height, width, 3)`` of any size (one size per call) and does the
   weights' own resize / center crop / normalisation inside
-  (:mod:`vit_jax.export_preprocessing`).
+  (:mod:`vit_jax.export.preprocessing`).
 
 The batch dimension is dynamic unless ``--batch`` fixes it. ``--dtype
 bfloat16`` computes in bfloat16 (parameters stored in bfloat16); inputs and
@@ -27,12 +27,12 @@ Formats, each read by its own runtime:
 * ``stablehlo`` (here): one file of ``jax.export`` bytes;
   ``jax.export.deserialize(open(path, 'rb').read()).call(images)`` in any
   JAX program (or :func:`load_stablehlo`, which checks the input first).
-* ``savedmodel`` (:mod:`vit_jax.export_tf`): a directory for
+* ``savedmodel`` (:mod:`vit_jax.export.savedmodel`): a directory for
   ``tf.saved_model.load`` / TF Serving whose ``serving_default`` signature
   takes ``images`` and returns ``logits``: the same module in TensorFlow's
   ``XlaCallModule`` op (jax2tf's native serialization), rewritten for the
   StableHLO version TensorFlow reads.
-* ``onnx`` (:mod:`vit_jax.export_onnx`): one ``.onnx`` file for
+* ``onnx`` (:mod:`vit_jax.export.onnx`): one ``.onnx`` file for
   onnxruntime, made from the exact torch twin of the model by
   ``torch.onnx.export``.
 """
@@ -48,7 +48,7 @@ from typing import Any, Callable, Optional, Sequence
 
 import numpy as np
 
-from vit_jax.export_preprocessing import preprocess, resize_method
+from vit_jax.export.preprocessing import preprocess, resize_method
 
 FORMATS = ("stablehlo", "savedmodel", "onnx")
 DTYPES = ("float32", "bfloat16")
@@ -148,7 +148,7 @@ def serving_function(s: Servable, *, dtype: str = "float32",
                       "(model, variables, preprocessing).")
   if with_preprocessing:
     resize_method(s.preprocessing)
-  from vit_jax import kernels  # pylint: disable=import-outside-toplevel
+  from vit_jax.models import kernels  # pylint: disable=import-outside-toplevel
 
   model = s.model
   tokens = (s.image_size // model.patch_size) ** 2 + model.num_prefix_tokens
@@ -320,9 +320,9 @@ def export(checkpoint, fmt: str, out: str, *, batch: Optional[int] = None,
   if fmt == "stablehlo":
     return export_stablehlo(s, out, platforms=platforms, **kwargs)
   if fmt == "savedmodel":
-    from vit_jax import export_tf  # pylint: disable=import-outside-toplevel
+    from vit_jax.export import savedmodel as export_tf  # pylint: disable=import-outside-toplevel
     return export_tf.export_savedmodel(s, out, platforms=platforms, **kwargs)
-  from vit_jax import export_onnx  # pylint: disable=import-outside-toplevel
+  from vit_jax.export import onnx as export_onnx  # pylint: disable=import-outside-toplevel
   return export_onnx.export_onnx(s, out, **kwargs)
 
 

@@ -5,7 +5,7 @@ one waits for the others.
 stops *every* process after the same step, with a checkpoint. The signal
 handler only sets a flag. Every train step takes each process's flag as one
 int32 per device and returns their maximum, replicated
-(:func:`vit_jax.train_step.compile_steps`); after dispatching step ``s`` the
+(:func:`vit_jax.train.step.compile_steps`); after dispatching step ``s`` the
 loop reads step ``s - 1``'s maximum, so every process reads the same value
 and stops after the same step, with no separate sync point to miss.
 

@@ -5,10 +5,10 @@ its metrics, evaluations and checkpoints.
     from vit_jax import train_loop
     train_loop.train_and_evaluate(config, "/tmp/run")
 
-Data flows one way: tfds -> tf.data on each host (:mod:`vit_jax.input_pipeline`)
+Data flows one way: tfds -> tf.data on each host (:mod:`vit_jax.data.pipeline`)
 -> global arrays (``input_pipeline.start_global``) -> the jitted step
-(:mod:`vit_jax.train_step`, on the mesh of :mod:`vit_jax.sharding`) -> metrics
-(:mod:`vit_jax.metrics`) and checkpoints (:mod:`vit_jax.checkpoint`).
+(:mod:`vit_jax.train.step`, on the mesh of :mod:`vit_jax.train.sharding`) -> metrics
+(:mod:`vit_jax.train.metrics`) and checkpoints (:mod:`vit_jax.train.checkpoint`).
 
 Restarting with the same workdir resumes from the newest intact checkpoint
 (or ``config.resume_from_step``) and reproduces the uninterrupted run's
@@ -19,7 +19,7 @@ dropped, then a ``start`` row with the run's facts is added.
 
 A SIGTERM to any process makes every process save a checkpoint after the
 same step and return normally; every wait for the other processes is bounded
-by ``config.peer_timeout_seconds`` (:mod:`vit_jax.multihost`).
+by ``config.peer_timeout_seconds`` (:mod:`vit_jax.train.multihost`).
 """
 
 from __future__ import annotations
@@ -33,8 +33,9 @@ from typing import Any, Dict, Optional, Sequence
 
 import jax
 
-from vit_jax import (checkpoint, input_pipeline, kernels, metrics, multihost,
-                     optim, sharding, train_init, train_step)
+from vit_jax.train import (checkpoint, metrics, multihost, optim, sharding, init as train_init, step as train_step)
+from vit_jax.data import pipeline as input_pipeline
+from vit_jax.models import kernels
 
 
 def validate_config(config, num_devices: int, num_processes: int):
