@@ -51,14 +51,22 @@ def torch_in(x):
   return torch.from_numpy(np.ascontiguousarray(x.transpose(0, 3, 1, 2)))
 
 
-def perturb_torch(module, seed=0, std=0.05):
+def perturb_torch(module, seed=0, std=0.05, weights_only=False):
   """Adds noise to every parameter and buffer of a torch module (in place):
-  zero-initialised heads, unit LayerNorms, 1e-5 LayerScales all matter."""
+  zero-initialised heads, unit LayerNorms, 1e-5 LayerScales all matter.
+  ``weights_only``: only what the state dict holds (parameters and
+  persistent buffers): the computed buffers of RoPE models (frequencies,
+  Eva's fixed zero key bias) stay as the model defines them."""
   import torch  # pylint: disable=import-outside-toplevel
   g = torch.Generator().manual_seed(seed)
+  if weights_only:
+    tensors = [t for t in module.state_dict(keep_vars=True).values()
+               if t.is_floating_point()]
+  else:
+    tensors = list(module.parameters()) + [
+        b for b in module.buffers() if b.is_floating_point()]
   with torch.no_grad():
-    for p in list(module.parameters()) + [
-        b for b in module.buffers() if b.is_floating_point()]:
+    for p in tensors:
       p.add_(torch.randn(p.shape, generator=g) * std)
   return module.eval()
 

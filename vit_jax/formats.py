@@ -122,11 +122,7 @@ def params_to_transformers(variables, layout: Optional[str] = None
   ``'transformers_clip'`` or ``'transformers_siglip'`` (the image towers)."""
   variables = trees.wrap(trees.unstack_layers(trees.wrap(variables)))
   if layout is None:
-    arch = trees.arch_of(variables)
-    layout = ("transformers_siglip" if arch["classifier"] == "map" else
-              "transformers_clip" if arch["pre_norm"] else
-              "transformers_dinov2" if arch["layer_scale_init"] else
-              "transformers")
+    layout = layouts.transformers_layout_of(trees.arch_of(variables))
   sd = build.to_state_dict(variables, layout)
   if "classifier.weight" not in sd:
     return sd
@@ -219,13 +215,15 @@ def save_safetensors(variables, path: str, *, model=None,
       ``label_names``), stored JSON-encoded in the header.
   """
   variables = trees.wrap(trees.unstack_layers(trees.wrap(variables)))
-  if model is not None:
-    arch = {k: getattr(model, k) for k in _ARCH_JSON}
+  from vit_jax import models  # pylint: disable=import-outside-toplevel
+  if model is not None:  # every architecture field (RoPE is in no weight)
+    arch = models.arch_record(model)
   else:
     arch = {k: v for k, v in trees.arch_of(variables).items()
             if k in _ARCH_JSON}
   if arch.get("conv_stem"):
-    arch["conv_stem"] = [list(dataclasses.astuple(c)) for c in arch["conv_stem"]]
+    arch["conv_stem"] = [list(dataclasses.astuple(c)) if not isinstance(
+        c, list) else c for c in arch["conv_stem"]]
   if layout == "vit_jax":
     tensors = trees.flatten(variables)
   elif layout == "timm":

@@ -14,6 +14,9 @@ kernels:
   rest renormalised): timm's ``resample_abs_pos_embed`` (its
   ``dynamic_img_size`` forward pass) and ``resample_patch_embed``.
 
+* :func:`bilinear_matrix`: ``mode='bilinear'`` without antialiasing
+  (RADIO's position grid).
+
 Note ``jax.image.resize`` ('cubic') is neither (A = -0.5, no renormalisation
 at the border, no widening when upsampling). The matrices are numpy, so they
 are built once per shape at trace time and enter a jitted computation as
@@ -94,6 +97,34 @@ def aa_bicubic_matrix(n_in: int, n_out: int) -> np.ndarray:
     w = _keys_cubic((j - center + 0.5) * invscale, -0.5)
     total = w.sum()
     mat[i, lo:hi] = w / total if total != 0 else w
+  mat.setflags(write=False)
+  return mat
+
+
+@functools.lru_cache(maxsize=256)
+def bilinear_matrix(n_in: int, n_out: int, align_corners: bool) -> np.ndarray:
+  """(n_out, n_in) float64 matrix of PyTorch's ``F.interpolate(...,
+  mode='bilinear', antialias=False, align_corners=...)`` along one axis
+  (RADIO's resize of its position grid).
+
+  Source coordinates in float32, as PyTorch computes them for float32
+  inputs: ``i * (n_in - 1) / (n_out - 1)`` with ``align_corners``, else
+  ``(i + 0.5) * n_in / n_out - 0.5`` clamped at 0; the two neighbours
+  (the upper clamped to the grid) weighted linearly.
+  """
+  f = np.float32
+  i = np.arange(n_out, dtype=f)
+  if align_corners:
+    scale = f((n_in - 1) / (n_out - 1)) if n_out > 1 else f(0)
+    src = i * scale
+  else:
+    src = np.maximum((i + f(0.5)) * f(n_in / n_out) - f(0.5), f(0))
+  lo = np.minimum(np.floor(src).astype(np.int64), n_in - 1)
+  hi = np.minimum(lo + 1, n_in - 1)
+  w_hi = (src - lo.astype(f)).astype(np.float64)
+  mat = np.zeros((n_out, n_in), np.float64)
+  np.add.at(mat, (np.arange(n_out), lo), 1.0 - w_hi)
+  np.add.at(mat, (np.arange(n_out), hi), w_hi)
   mat.setflags(write=False)
   return mat
 

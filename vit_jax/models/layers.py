@@ -21,7 +21,7 @@ import jax.numpy as jnp
 from jax import lax
 import numpy as np
 
-from vit_jax.models import interpolate, kernels
+from vit_jax.models import interpolate, kernels, rope as rope_lib
 
 Dtype = Any
 
@@ -58,7 +58,8 @@ def gelu_tanh(x):
   return jax.nn.gelu(x, approximate=True)
 
 
-ACTIVATIONS = {"gelu": gelu, "quick_gelu": quick_gelu, "gelu_tanh": gelu_tanh}
+ACTIVATIONS = {"gelu": gelu, "quick_gelu": quick_gelu, "gelu_tanh": gelu_tanh,
+               "silu": jax.nn.silu}  # silu: the gate of SwiGLU MLPs
 
 
 def activation(name: str):
@@ -107,6 +108,41 @@ class LayerNorm(nn.Module):
                               jnp.dtype(out_dtype))
 
 
+class RMSNorm(nn.Module):
+  """Root-mean-square norm (timm's ``RmsNorm``, AIMv2): ``x / sqrt(mean(x^2)
+  + eps) * scale``, statistics in float32, output in ``dtype``. Parameter
+  ``scale`` only (no bias), so a tree's norms say which kind they are."""
+
+  epsilon: float = 1e-6
+  dtype: Optional[Dtype] = None
+  param_dtype: Dtype = jnp.float32
+
+  @nn.compact
+  def __call__(self, x):
+    scale = self.param("scale", nn.initializers.ones_init(), (x.shape[-1],),
+                       self.param_dtype)
+    out_dtype = self.dtype or jnp.result_type(x.dtype, self.param_dtype)
+    xf = x.astype(jnp.float32)
+    y = xf * lax.rsqrt(jnp.mean(xf * xf, axis=-1, keepdims=True) +
+                       self.epsilon)
+    return (y * scale.astype(jnp.float32)).astype(out_dtype)
+
+
+NORMS = ("layer", "rms")
+
+
+def norm_layer(norm_type: str, epsilon: float, dtype, param_dtype):
+  """A constructor of the model's norm: ``'layer'`` (LayerNorm) or
+  ``'rms'`` (RMSNorm), taking ``name=``."""
+  if norm_type == "layer":
+    return functools.partial(LayerNorm, epsilon=epsilon, dtype=dtype,
+                             param_dtype=param_dtype)
+  if norm_type == "rms":
+    return functools.partial(RMSNorm, epsilon=epsilon, dtype=dtype,
+                             param_dtype=param_dtype)
+  raise ValueError(f"norm_type={norm_type!r}: expected one of {NORMS}")
+
+
 class _Projection(nn.Module):
   """Holds a DenseGeneral-shaped kernel and bias (names as linen's)."""
 
@@ -140,13 +176,14 @@ class Dense(nn.Module):
   param_dtype: Dtype = jnp.float32
   kernel_init: Any = _KERNEL_INIT
   bias_init: Any = _BIAS_INIT
+  use_bias: bool = True
 
   @nn.compact
   def __call__(self, x, out_dtype=None):
     kernel = self.param("kernel", self.kernel_init,
                         (x.shape[-1], self.features), self.param_dtype)
-    bias = self.param("bias", self.bias_init, (self.features,),
-                      self.param_dtype)
+    bias = (self.param("bias", self.bias_init, (self.features,),
+                       self.param_dtype) if self.use_bias else None)
     return kernels.dense(x, kernel, bias, out_dtype)
 
 
@@ -211,6 +248,14 @@ class MultiHeadDotProductAttention(nn.Module):
   :func:`vit_jax.models.kernels.choose_attention`'s decision; all compute the same
   function. Attention weights are sown with ``sow_weights`` and dropped out
   with an active dropout rate.
+
+  Options of the newer families, each adding parameters only when on:
+  ``key_bias=False`` (query and value biases but none on the key: EVA,
+  DINOv3), ``out_bias=False`` (AIMv2), ``qk_norm`` (a norm over each head's
+  queries and keys: linen's ``query_ln`` / ``key_ln``), ``inner_norm`` (a
+  norm of the heads' output before the out projection: EVA-02 CLIP's
+  ``inner_norm``). ``rope=(sin, cos, kind)`` rotates the queries and keys
+  after those norms (:mod:`vit_jax.models.rope`).
   """
 
   num_heads: int
@@ -221,9 +266,15 @@ class MultiHeadDotProductAttention(nn.Module):
   sow_weights: bool = False
   attention_impl: Optional[str] = None  # None | 'matmul' | 'xla' | 'cudnn'
   qkv_bias: bool = True
+  key_bias: bool = True
+  out_bias: bool = True
+  qk_norm: bool = False
+  inner_norm: bool = False
+  norm_type: str = "layer"
+  layer_norm_eps: float = LN_EPS
 
   @nn.compact
-  def __call__(self, inputs_q, inputs_kv=None):
+  def __call__(self, inputs_q, inputs_kv=None, rope=None):
     inputs_kv = inputs_q if inputs_kv is None else inputs_kv
     b, n, d = inputs_q.shape
     s = inputs_kv.shape[1]
@@ -232,10 +283,11 @@ class MultiHeadDotProductAttention(nn.Module):
           f"hidden size {d} is not divisible by num_heads={self.num_heads}")
     h, hd = self.num_heads, d // self.num_heads
     qkv = [_Projection((d, h, hd), (h, hd), self.param_dtype,
-                       use_bias=self.qkv_bias, name=name)()
+                       use_bias=self.qkv_bias and (
+                           name != "key" or self.key_bias), name=name)()
            for name in ("query", "key", "value")]
     out_kernel, out_bias = _Projection((h, hd, d), (d,), self.param_dtype,
-                                       name="out")()
+                                       use_bias=self.out_bias, name="out")()
     # Three (B*N, D) x (D, D) GEMMs. One fused (D, 3D) GEMM would need the
     # three kernels concatenated on every call (a copy of 3*D*D weights
     # that costs more on CPU than it saves; measured in bench/README.md).
@@ -245,6 +297,13 @@ class MultiHeadDotProductAttention(nn.Module):
     q = _project(xq, *qkv[0]).reshape(b, n, h, hd)
     k = _project(xkv, *qkv[1]).reshape(b, s, h, hd)
     v = _project(xkv, *qkv[2]).reshape(b, s, h, hd)
+    norm = norm_layer(self.norm_type, self.layer_norm_eps, self.dtype,
+                      self.param_dtype)
+    if self.qk_norm:
+      q, k = norm(name="query_ln")(q), norm(name="key_ln")(k)
+    if rope is not None:
+      sin, cos, kind = rope
+      q, k = rope_lib.apply(q, sin, cos, kind), rope_lib.apply(k, sin, cos, kind)
 
     use_dropout = self.dropout_rate > 0.0 and not self.deterministic
     impl = kernels.choose_attention(
@@ -265,12 +324,24 @@ class MultiHeadDotProductAttention(nn.Module):
       y = jnp.transpose(oh, (0, 2, 1, 3))  # (B, N, H, hd)
     else:
       y = jax.nn.dot_product_attention(q, k, v, implementation=impl)
-    return _project(y.reshape(b * n, d), out_kernel, out_bias).reshape(
-        b, n, d)
+    y = y.reshape(b * n, d)
+    if self.inner_norm:
+      y = norm(name="inner_norm")(y)
+    return _project(y, out_kernel, out_bias).reshape(b, n, d)
 
 
 class MlpBlock(nn.Module):
-  """Dense -> activation -> dropout -> Dense -> dropout."""
+  """Dense -> activation -> dropout -> Dense -> dropout.
+
+  ``gated`` makes it a gated linear unit (SwiGLU with ``act='silu'``):
+  ``Dense_1(act(gate) * value)``. ``'packed'``: gate and value are the two
+  halves of one ``Dense_0`` of width 2 * ``mlp_dim`` (the gate first: timm's
+  ``GluMlp`` / ``SwiGLUPacked``, DINOv2 giant, EVA-02 Ti/S); ``'split'``:
+  ``Gate_0`` and ``Dense_0`` (timm's ``SwiGLU`` ``fc1_g`` / ``fc1_x``:
+  DINOv3 S+/H+/7B, EVA-02 B/L, AIMv2). ``norm``: a norm over the hidden
+  layer before ``Dense_1`` (``LayerNorm_0``; EVA-02 B/L). ``use_bias=False``:
+  no biases (AIMv2).
+  """
 
   mlp_dim: int
   dtype: Dtype = jnp.float32
@@ -278,6 +349,11 @@ class MlpBlock(nn.Module):
   dropout_rate: float = 0.0
   deterministic: bool = True
   act: str = "gelu"
+  gated: Optional[str] = None  # None | 'packed' | 'split'
+  norm: bool = False
+  norm_type: str = "layer"
+  layer_norm_eps: float = LN_EPS
+  use_bias: bool = True
 
   @nn.compact
   def __call__(self, x):
@@ -287,11 +363,28 @@ class MlpBlock(nn.Module):
     # accumulates in float32 anyway) and GELU runs in float32: exact-erf
     # GELU and its gradient are slower in bf16 on CPU, and less accurate.
     low = x.dtype in (jnp.bfloat16, jnp.float16)
-    x = Dense(self.mlp_dim, self.param_dtype, name="Dense_0")(
-        x, out_dtype=jnp.float32 if low else None)
-    x = activation(self.act)(x).astype(self.dtype)
+    hidden_dtype = jnp.float32 if low else None
+    dense = functools.partial(Dense, param_dtype=self.param_dtype,
+                              use_bias=self.use_bias)
+    act = activation(self.act)
+    if self.gated is None:
+      x = act(dense(self.mlp_dim, name="Dense_0")(x, out_dtype=hidden_dtype))
+    elif self.gated == "packed":
+      h = dense(2 * self.mlp_dim, name="Dense_0")(x, out_dtype=hidden_dtype)
+      x = act(h[..., :self.mlp_dim]) * h[..., self.mlp_dim:]
+    elif self.gated == "split":
+      gate = dense(self.mlp_dim, name="Gate_0")(x, out_dtype=hidden_dtype)
+      value = dense(self.mlp_dim, name="Dense_0")(x, out_dtype=hidden_dtype)
+      x = act(gate) * value
+    else:
+      raise ValueError(f"gated_mlp={self.gated!r}: expected None, 'packed' "
+                       f"or 'split'")
+    x = x.astype(self.dtype)
     x = nn.Dropout(self.dropout_rate)(x, deterministic=self.deterministic)
-    x = Dense(d, self.param_dtype, name="Dense_1")(x)
+    if self.norm:
+      x = norm_layer(self.norm_type, self.layer_norm_eps, self.dtype,
+                     self.param_dtype)(name="LayerNorm_0")(x)
+    x = dense(d, name="Dense_1")(x)
     return nn.Dropout(self.dropout_rate)(x, deterministic=self.deterministic)
 
 
@@ -310,12 +403,15 @@ class LayerScale(nn.Module):
 
 
 class Encoder1DBlock(nn.Module):
-  """Pre-LayerNorm transformer block: x + MHSA(LN(x)); x + MLP(LN(x)), each
+  """Pre-norm transformer block: x + MHSA(LN(x)); x + MLP(LN(x)), each
   branch optionally scaled by LayerScale (``layer_scale_init``).
 
   Returns ``(output, output)`` so the same module runs under ``nn.scan``.
   ``drop_path_rate`` is this block's stochastic-depth rate (a float, or a
-  traced scalar under ``nn.scan``).
+  traced scalar under ``nn.scan``); ``rope``: the (sin, cos) rotary tables
+  of ``rope_kind`` for the token grid, shared by every block. The norms are
+  ``LayerNorm_0`` / ``LayerNorm_1`` whatever their kind (an RMSNorm has a
+  ``scale`` and no ``bias``).
   """
 
   mlp_dim: int
@@ -332,11 +428,19 @@ class Encoder1DBlock(nn.Module):
   layer_norm_eps: float = LN_EPS
   act: str = "gelu"
   qkv_bias: bool = True
+  key_bias: bool = True
+  proj_bias: bool = True
+  qk_norm: bool = False
+  attn_norm: bool = False
+  norm_type: str = "layer"
+  gated_mlp: Optional[str] = None
+  mlp_norm: bool = False
+  rope_kind: Optional[str] = None
 
   @nn.compact
-  def __call__(self, inputs, drop_path_rate=0.0):
-    ln = functools.partial(LayerNorm, epsilon=self.layer_norm_eps,
-                           dtype=self.dtype, param_dtype=self.param_dtype)
+  def __call__(self, inputs, drop_path_rate=0.0, rope=None):
+    norm = norm_layer(self.norm_type, self.layer_norm_eps, self.dtype,
+                      self.param_dtype)
     drop_path = (
         lambda y: _drop_path(self, y, drop_path_rate, self.deterministic)
     ) if self.use_drop_path else (lambda y: y)
@@ -344,21 +448,29 @@ class Encoder1DBlock(nn.Module):
         lambda y: LayerScale(self.layer_scale_init, self.param_dtype)(y)
     ) if self.layer_scale_init is not None else (lambda y: y)
 
-    x = ln()(inputs)
+    x = norm(name="LayerNorm_0")(inputs)
     x = MultiHeadDotProductAttention(
         num_heads=self.num_heads, dtype=self.dtype,
         param_dtype=self.param_dtype,
         dropout_rate=self.attention_dropout_rate,
         deterministic=self.deterministic,
         sow_weights=self.sow_attention_weights,
-        attention_impl=self.attention_impl, qkv_bias=self.qkv_bias)(x)
+        attention_impl=self.attention_impl, qkv_bias=self.qkv_bias,
+        key_bias=self.key_bias, out_bias=self.proj_bias,
+        qk_norm=self.qk_norm, inner_norm=self.attn_norm,
+        norm_type=self.norm_type, layer_norm_eps=self.layer_norm_eps,
+        name="MultiHeadDotProductAttention_0")(
+            x, rope=None if rope is None else (*rope, self.rope_kind))
     x = nn.Dropout(self.dropout_rate)(x, deterministic=self.deterministic)
     x = drop_path(scale(x)) + inputs
 
-    y = ln()(x)
+    y = norm(name="LayerNorm_1")(x)
     y = MlpBlock(mlp_dim=self.mlp_dim, dtype=self.dtype,
                  param_dtype=self.param_dtype, dropout_rate=self.dropout_rate,
-                 deterministic=self.deterministic, act=self.act)(y)
+                 deterministic=self.deterministic, act=self.act,
+                 gated=self.gated_mlp, norm=self.mlp_norm,
+                 norm_type=self.norm_type, layer_norm_eps=self.layer_norm_eps,
+                 use_bias=self.proj_bias, name="MlpBlock_0")(y)
     out = x + drop_path(scale(y))
     return out, out
 
@@ -500,9 +612,15 @@ def _raise_posemb_mismatch(have, want, grid, prefix):
 
 class Encoder(nn.Module):
   """Position embedding + dropout + (pre-norm) + ``num_layers`` blocks +
-  final LayerNorm (absent with ``final_norm=False``).
+  final norm (absent with ``final_norm=False``).
 
   ``dynamic_img_size`` / ``base_grid``: see :class:`AddPositionEmbs`.
+  ``abs_pos_embed=False``: no learned position embedding (DINOv3, whose
+  positions are rotary only). ``rope``: the rotary embedding of the patch
+  tokens (:mod:`vit_jax.models.rope`), built once per forward pass for the
+  input's grid and shared by the blocks. ``no_embed_registers``: the
+  position embedding covers the class token but not the registers, which
+  are inserted after it is added (transformers' Dinov2WithRegisters).
   """
 
   num_layers: int
@@ -526,6 +644,35 @@ class Encoder(nn.Module):
   qkv_bias: bool = True
   dynamic_img_size: bool = False
   base_grid: Optional[Tuple[int, int]] = None
+  # The newer families' options (see VisionTransformer).
+  abs_pos_embed: bool = True
+  no_embed_registers: int = 0  # the last prefix tokens without a position
+  key_bias: bool = True
+  proj_bias: bool = True
+  qk_norm: bool = False
+  attn_norm: bool = False
+  norm_type: str = "layer"
+  gated_mlp: Optional[str] = None
+  mlp_norm: bool = False
+  rope: Optional[str] = None
+  rope_temperature: Optional[float] = None
+  rope_grid_offset: float = 0.0
+  rope_grid_indexing: str = "ij"
+  rope_ref_grid: Optional[Tuple[int, int]] = None
+  rope_augment: Optional[Tuple[Tuple[str, Optional[float]], ...]] = None
+
+  def _rope_tables(self, grid, num_prefix: int, hidden: int, train: bool):
+    if self.rope is None:
+      return None
+    augment = dict(self.rope_augment or ())
+    use_aug = train and any(v is not None for v in augment.values())
+    sin, cos = rope_lib.sincos(
+        self.rope, grid, hidden // self.num_heads,
+        num_prefix_tokens=num_prefix, temperature=self.rope_temperature,
+        offset=self.rope_grid_offset, indexing=self.rope_grid_indexing,
+        ref_grid=self.rope_ref_grid, augment=augment if use_aug else None,
+        key=self.make_rng("dropout") if use_aug else None)
+    return jnp.asarray(sin), jnp.asarray(cos)
 
   @nn.compact
   def __call__(self, x, *, prefix=None, grid: Tuple[int, int], train: bool,
@@ -533,24 +680,32 @@ class Encoder(nn.Module):
     """``x``: patch tokens (B, N, D); ``prefix``: class / register tokens
     (B, P, D) or None. Returns (encoded tokens, block outputs): every
     block's output, or those of the blocks ``take`` lists (0-based, in that
-    order), passed through the final LayerNorm with ``norm_taken``."""
+    order), passed through the final norm with ``norm_taken``."""
     num_prefix = 0 if prefix is None else prefix.shape[1]
-    pos = AddPositionEmbs(grid, 0 if self.no_embed_class else num_prefix,
-                          self.param_dtype, dynamic=self.dynamic_img_size,
-                          base_grid=self.base_grid, name="posembed_input")
-    if self.no_embed_class:  # DeiT-III, DINOv2-reg: prefix tokens get none
+    # The prefix tokens that get a position row: all, none
+    # (no_embed_class), or all but the registers (no_embed_registers).
+    covered = 0 if self.no_embed_class else num_prefix - self.no_embed_registers
+    pos = (AddPositionEmbs(grid, covered, self.param_dtype,
+                           dynamic=self.dynamic_img_size,
+                           base_grid=self.base_grid, name="posembed_input")
+           if self.abs_pos_embed else (lambda y: y))
+    if prefix is None:
       x = pos(x)
-      if prefix is not None:
-        x = jnp.concatenate([prefix.astype(x.dtype), x], axis=1)
-    else:
-      if prefix is not None:
-        x = jnp.concatenate([prefix.astype(x.dtype), x], axis=1)
-      x = pos(x)
+    elif covered == 0:  # DeiT-III, DINOv2-reg: prefix tokens get none
+      x = jnp.concatenate([prefix.astype(x.dtype), pos(x)], axis=1)
+    elif covered == num_prefix:
+      x = pos(jnp.concatenate([prefix.astype(x.dtype), x], axis=1))
+    else:  # [covered prefix, patches] + pos, then the rest after them
+      x = pos(jnp.concatenate([prefix[:, :covered].astype(x.dtype), x],
+                              axis=1))
+      x = jnp.concatenate([x[:, :covered], prefix[:, covered:].astype(x.dtype),
+                           x[:, covered:]], axis=1)
     x = nn.Dropout(self.dropout_rate)(x, deterministic=not train)
-    ln = functools.partial(LayerNorm, epsilon=self.layer_norm_eps,
-                           dtype=self.dtype, param_dtype=self.param_dtype)
+    norm = norm_layer(self.norm_type, self.layer_norm_eps, self.dtype,
+                      self.param_dtype)
     if self.pre_norm:  # CLIP's ln_pre
-      x = ln(name="pre_norm")(x)
+      x = norm(name="pre_norm")(x)
+    rope = self._rope_tables(grid, num_prefix, x.shape[-1], train)
 
     block_cls = Encoder1DBlock
     if self.remat_policy not in (None, "none"):
@@ -567,30 +722,38 @@ class Encoder(nn.Module):
         attention_impl=self.attention_impl,
         layer_scale_init=self.layer_scale_init,
         layer_norm_eps=self.layer_norm_eps, act=self.act,
-        qkv_bias=self.qkv_bias)
+        qkv_bias=self.qkv_bias, key_bias=self.key_bias,
+        proj_bias=self.proj_bias, qk_norm=self.qk_norm,
+        attn_norm=self.attn_norm, norm_type=self.norm_type,
+        gated_mlp=self.gated_mlp, mlp_norm=self.mlp_norm,
+        rope_kind=self.rope)
 
     if self.scan_layers:
       scanned = nn.scan(
           block_cls,
           variable_axes={"params": 0, "intermediates": 0},
           split_rngs={"params": True, "dropout": True},
-          in_axes=0, length=self.num_layers)
-      x, outs = scanned(name="encoderblock", **kwargs)(
-          x, jnp.asarray(rates, jnp.float32))
+          in_axes=(0, nn.broadcast) if rope is not None else 0,
+          length=self.num_layers)
+      args = (jnp.asarray(rates, jnp.float32),)
+      if rope is not None:  # the same tables for every layer
+        args += (rope,)
+      x, outs = scanned(name="encoderblock", **kwargs)(x, *args)
       block_outputs = [outs[i] for i in range(self.num_layers)]
     else:
       block_outputs = []
       for i in range(self.num_layers):
-        x, _ = block_cls(name=f"encoderblock_{i}", **kwargs)(x, float(rates[i]))
+        x, _ = block_cls(name=f"encoderblock_{i}", **kwargs)(
+            x, float(rates[i]), rope)
         block_outputs.append(x)
     if take is not None:
       block_outputs = [block_outputs[i] for i in take]
     if not self.final_norm:
       return x, block_outputs
-    norm = ln(name="encoder_norm")  # one module: the same parameters
+    final = norm(name="encoder_norm")  # one module: the same parameters
     if norm_taken:
-      block_outputs = [norm(y) for y in block_outputs]
-    return norm(x), block_outputs
+      block_outputs = [final(y) for y in block_outputs]
+    return final(x), block_outputs
 
 
 def _remat_policy(name: str):

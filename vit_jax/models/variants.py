@@ -89,7 +89,8 @@ OPTION_FIELDS = ("num_classes", "image_size", "dropout_rate",
                  "attention_dropout_rate", "drop_path_rate", "head_bias_init",
                  "dtype", "param_dtype", "scan_layers", "remat_policy",
                  "sow_attention_weights", "attention_impl", "dynamic_img_size",
-                 "dynamic_img_pad")
+                 "dynamic_img_pad", "rope_shift", "rope_jitter",
+                 "rope_rescale", "distilled_training")
 ARCH_FIELDS = tuple(f for f in FIELDS if f not in OPTION_FIELDS)
 
 
@@ -126,6 +127,9 @@ def get_model(name_or_arch: Union[str, Variant, Mapping[str, Any]],
     kwargs["conv_stem"] = tuple(
         c if isinstance(c, ConvStemConfig) else ConvStemConfig(*c)
         for c in kwargs["conv_stem"])
+  for key in ("rope_ref_grid", "image_size"):  # JSON gives lists
+    if isinstance(kwargs.get(key), list):
+      kwargs[key] = tuple(kwargs[key])
   return VisionTransformer(**kwargs)
 
 
@@ -167,4 +171,6 @@ def arch_record(model) -> dict:
   if arch.get("conv_stem"):
     arch["conv_stem"] = [list(dataclasses.astuple(c)) if isinstance(
         c, ConvStemConfig) else list(c) for c in arch["conv_stem"]]
+  if arch.get("rope_ref_grid") is not None:
+    arch["rope_ref_grid"] = list(arch["rope_ref_grid"])
   return arch

@@ -54,9 +54,11 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from vit_jax.models import rope as rope_lib
 from vit_jax.models.layers import (  # noqa: F401  (re-exported building blocks)
-    LN_EPS, AddPositionEmbs, Encoder, Encoder1DBlock, LayerNorm, MAPHead,
-    MlpBlock, MultiHeadDotProductAttention, PatchEmbed, activation)
+    LN_EPS, NORMS, AddPositionEmbs, Dense, Encoder, Encoder1DBlock, LayerNorm,
+    MAPHead, MlpBlock, MultiHeadDotProductAttention, PatchEmbed, RMSNorm,
+    activation, norm_layer)
 
 Array = Any
 Dtype = Any
@@ -144,6 +146,54 @@ class VisionTransformer(nn.Module):
       hand-written ``'matmul'`` kernels on CPU, cuDNN's fused attention on
       GPU in bfloat16/float16, XLA otherwise); ``'matmul'``, ``'xla'`` or
       ``'cudnn'`` force one. All compute the same function.
+
+  The families of 2024-2026 (DINOv3, EVA-02, Perception Encoder, AIMv2,
+  DINOv2 giant, distilled DeiT, RADIO) are points of the same option space;
+  each option adds parameters only when it is on:
+
+    class_token: a class token ``cls`` without pooling by it (None: exactly
+      when ``classifier='token'``): DINOv3 and EVA-02 average the patches,
+      Perception Encoder's MAP head attends to every token.
+    distilled: DeiT's distillation token ``dist`` after the class token and
+      a second head ``head_dist`` on it; the two heads' logits are averaged
+      (timm's ``VisionTransformerDistilled``), or returned as a pair in
+      training with ``distilled_training`` (timm's ``set_distilled_training``).
+    no_embed_registers: the position embedding covers the class token but
+      not the registers (transformers' ``Dinov2WithRegistersModel``).
+    abs_pos_embed: a learned position embedding (``False``: DINOv3, whose
+      positions are rotary only).
+    final_norm: the encoder's final norm (``False``: RADIO, PE lang /
+      spatial, whose ``forward_features`` are the last block's output).
+    norm_type: ``'layer'`` (LayerNorm) or ``'rms'`` (RMSNorm, AIMv2) for
+      every norm of the model.
+    patch_norm: a norm after the patch embedding (AIMv2): ``embedding_norm``.
+    key_bias: with ``qkv_bias``, whether the key has a bias (EVA / DINOv3:
+      query and value biases only).
+    proj_bias: biases of the attention's output projection and the MLP
+      (``False``: AIMv2).
+    qk_norm: a norm over each head's queries and keys.
+    attn_norm: a norm of the attention's output before its projection
+      (EVA-02 CLIP's ``scale_attn_inner``).
+    gated_mlp: ``'packed'`` or ``'split'``: a gated MLP (SwiGLU with
+      ``act='silu'``) whose hidden width is ``mlp_dim``; see
+      :class:`~vit_jax.models.layers.MlpBlock`.
+    mlp_norm: a norm over the MLP's hidden layer (EVA-02 B/L).
+    pool_include_prefix: ``'gap'`` / ``'map'`` pooling reads the prefix
+      tokens too (timm's ``Eva`` feeds every token to its MAP head).
+    map_heads, map_mlp_dim: the MAP head's heads and MLP width when they
+      are not the encoder's (Perception Encoder: 8 heads).
+    rope: rotary position embeddings of the patch tokens: ``'dinov3'`` or
+      ``'cat'`` (EVA-02 / PE), with ``rope_temperature`` (default 100 /
+      1e4), ``rope_grid_offset``, ``rope_grid_indexing`` (``'ij'``: the
+      first frequencies rotate by y; ``'xy'``: by x) and ``rope_ref_grid``
+      (EVA's rescale of positions onto the pretraining grid); see
+      :mod:`vit_jax.models.rope`. Any input size works.
+    rope_shift, rope_jitter, rope_rescale: DINOv3's train-time coordinate
+      augmentations (timm's ``rope_*_coords``; from the ``'dropout'`` rng).
+
+  ``image_size`` not a multiple of the patch (SigLIP so400m/14 at 384): the
+  patch convolution leaves the last pixels out, as timm's and torchvision's
+  do; only inputs of exactly that size are accepted.
   """
 
   patch_size: int = 16
@@ -178,11 +228,44 @@ class VisionTransformer(nn.Module):
   attention_impl: Optional[str] = None
   dynamic_img_size: bool = False
   dynamic_img_pad: bool = False
+  # The newer families (see the class docstring).
+  class_token: Optional[bool] = None
+  distilled: bool = False
+  no_embed_registers: bool = False
+  abs_pos_embed: bool = True
+  final_norm: bool = True
+  norm_type: str = "layer"
+  patch_norm: bool = False
+  key_bias: bool = True
+  proj_bias: bool = True
+  qk_norm: bool = False
+  attn_norm: bool = False
+  gated_mlp: Optional[str] = None
+  mlp_norm: bool = False
+  pool_include_prefix: bool = False
+  map_heads: Optional[int] = None
+  map_mlp_dim: Optional[int] = None
+  rope: Optional[str] = None
+  rope_temperature: Optional[float] = None
+  rope_grid_offset: float = 0.0
+  rope_grid_indexing: str = "ij"
+  rope_ref_grid: Optional[Tuple[int, int]] = None
+  rope_shift: Optional[float] = None
+  rope_jitter: Optional[float] = None
+  rope_rescale: Optional[float] = None
+  distilled_training: bool = False
+
+  @property
+  def has_class_token(self) -> bool:
+    return (self.classifier == "token" if self.class_token is None
+            else bool(self.class_token))
 
   @property
   def num_prefix_tokens(self) -> int:
-    """Class token (if any) + registers: the tokens before the patches."""
-    return int(self.classifier == "token") + int(self.num_registers)
+    """Class token (if any), distillation token, registers: the tokens
+    before the patches, in that order."""
+    return (int(self.has_class_token) + int(self.distilled) +
+            int(self.num_registers))
 
   # ----------------------------------------------------------------- checks
   def _check_config(self):
@@ -193,6 +276,29 @@ class VisionTransformer(nn.Module):
       raise ValueError(f"hidden_size={self.hidden_size} is not divisible by "
                        f"num_heads={self.num_heads}")
     activation(self.act)  # a clear error for an unknown name
+    if self.classifier == "token" and self.class_token is False:
+      raise ValueError("classifier='token' pools by the class token: it "
+                       "needs class_token=True (or None)")
+    if self.distilled and (self.classifier != "token" or
+                           not self.has_class_token):
+      raise ValueError("distilled=True (DeiT's distillation head) reads the "
+                       "class and distillation tokens: it needs "
+                       "classifier='token'")
+    if self.norm_type not in NORMS:
+      raise ValueError(f"norm_type={self.norm_type!r}: expected one of "
+                       f"{NORMS}")
+    if self.gated_mlp not in (None, "packed", "split"):
+      raise ValueError(f"gated_mlp={self.gated_mlp!r}: expected None, "
+                       f"'packed' (one Dense of the gate and value halves) "
+                       f"or 'split' (Gate_0 and Dense_0)")
+    if self.rope is not None:
+      rope_lib.check(self.rope, self.hidden_size // self.num_heads,
+                     self.rope_grid_indexing)
+    if self.no_embed_registers and (self.no_embed_class or
+                                    not self.num_registers):
+      raise ValueError("no_embed_registers: the position embedding covers "
+                       "the class token but not the registers; it needs "
+                       "registers and no_embed_class=False")
     if self.conv_stem:
       stride = int(np.prod([c.stride for c in self.conv_stem]))
       if stride != self.patch_size:
@@ -216,12 +322,17 @@ class VisionTransformer(nn.Module):
           f"height, width, {c}), got shape {shape}.{hint}")
     h, w = shape[1], shape[2]
     p = self.patch_size
-    if (h % p or w % p) and not self.dynamic_img_pad:
+    built_for = (pair(self.image_size) == (h, w)
+                 if self.image_size is not None else False)
+    if (h % p or w % p) and not self.dynamic_img_pad and not built_for:
       raise ValueError(
           f"Image size {h}x{w} is not divisible by the patch size {p}: "
           f"expected height and width that are multiples of {p} (e.g. "
           f"{max(p, h // p * p)}x{max(p, w // p * p)}), or a model with "
-          f"dynamic_img_pad=True.")
+          f"dynamic_img_pad=True. (A model built with image_size="
+          f"{h if h == w else (h, w)} for "
+          f"a size that is not a multiple, as SigLIP so400m/14 at 384, "
+          f"leaves the last {h % p} pixels out as timm's convolution does.)")
     if self.image_size is not None and not self.dynamic_img_size:
       want = pair(self.image_size)
       if (h, w) != want:
@@ -238,8 +349,8 @@ class VisionTransformer(nn.Module):
   # ----------------------------------------------------------------- layers
   def setup(self):
     self._check_config()
-    ln = functools.partial(LayerNorm, epsilon=self.layer_norm_eps,
-                           dtype=self.dtype, param_dtype=self.param_dtype)
+    norm = norm_layer(self.norm_type, self.layer_norm_eps, self.dtype,
+                      self.param_dtype)
     if self.conv_stem:
       self.stem_convs = [
           nn.Conv(c.out_channels, (c.kernel_size,) * 2, (c.stride,) * 2,
@@ -257,21 +368,27 @@ class VisionTransformer(nn.Module):
     self.embedding = PatchEmbed(
         self.hidden_size, kernel[0], use_bias=self.patch_bias,
         dtype=self.dtype, param_dtype=self.param_dtype)
+    if self.patch_norm:  # AIMv2: a norm of the patch embeddings
+      self.embedding_norm = norm(name="embedding_norm")
     d = self.hidden_size
-    if self.classifier == "token":
+    if self.has_class_token:
       self.cls = self.param("cls", nn.initializers.zeros, (1, 1, d),
                             self.param_dtype)
+    if self.distilled:
+      self.dist = self.param("dist", nn.initializers.normal(stddev=0.02),
+                             (1, 1, d), self.param_dtype)
     if self.num_registers:
       self.registers = self.param(
           "registers", nn.initializers.normal(stddev=1e-6),
           (1, self.num_registers, d), self.param_dtype)
     if self.classifier == "map":
       self.MAPHead_0 = MAPHead(  # pylint: disable=invalid-name
-          num_heads=self.num_heads, mlp_dim=self.mlp_dim, dtype=self.dtype,
+          num_heads=self.map_heads or self.num_heads,
+          mlp_dim=self.map_mlp_dim or self.mlp_dim, dtype=self.dtype,
           param_dtype=self.param_dtype, layer_norm_eps=self.layer_norm_eps,
           act=self.act, attention_impl=self.attention_impl)
     if self.fc_norm and self.classifier != "unpooled":
-      self.fc_norm_layer = ln(name="fc_norm")
+      self.fc_norm_layer = norm(name="fc_norm")
     if self.representation_size and self.classifier != "unpooled":
       # A Dense layer's {kernel, bias} declared as one parameter, so that
       # the 'pre_logits' intermediate can be sown under the same name.
@@ -282,11 +399,17 @@ class VisionTransformer(nn.Module):
                                                        self.param_dtype),
               "bias": jnp.zeros((r,), self.param_dtype)})
     if self.num_classes and self.classifier != "unpooled":
-      self.head = nn.Dense(
-          self.num_classes, dtype=self.dtype, param_dtype=self.param_dtype,
-          kernel_init=nn.initializers.zeros,
+      head = functools.partial(
+          nn.Dense, self.num_classes, dtype=self.dtype,
+          param_dtype=self.param_dtype, kernel_init=nn.initializers.zeros,
           bias_init=nn.initializers.constant(self.head_bias_init))
+      self.head = head()
+      if self.distilled:
+        self.head_dist = head()
 
+    augment = tuple((k, getattr(self, f"rope_{k}")) for k in
+                    ("shift", "jitter", "rescale")
+                    if getattr(self, f"rope_{k}") is not None)
     # Attribute name = submodule name, as in vision_transformer's tree.
     self.Transformer = Encoder(  # pylint: disable=invalid-name
         num_layers=self.num_layers, mlp_dim=self.mlp_dim,
@@ -298,10 +421,23 @@ class VisionTransformer(nn.Module):
         sow_attention_weights=self.sow_attention_weights,
         attention_impl=self.attention_impl,
         no_embed_class=self.no_embed_class, pre_norm=self.pre_norm,
-        final_norm=not self.fc_norm, layer_scale_init=self.layer_scale_init,
+        final_norm=self.final_norm and not self.fc_norm,
+        layer_scale_init=self.layer_scale_init,
         layer_norm_eps=self.layer_norm_eps, act=self.act,
         qkv_bias=self.qkv_bias, dynamic_img_size=self.dynamic_img_size,
-        base_grid=self.base_grid)
+        base_grid=self.base_grid, abs_pos_embed=self.abs_pos_embed,
+        no_embed_registers=(self.num_registers if self.no_embed_registers
+                            else 0),
+        key_bias=self.key_bias, proj_bias=self.proj_bias,
+        qk_norm=self.qk_norm, attn_norm=self.attn_norm,
+        norm_type=self.norm_type, gated_mlp=self.gated_mlp,
+        mlp_norm=self.mlp_norm, rope=self.rope,
+        rope_temperature=self.rope_temperature,
+        rope_grid_offset=self.rope_grid_offset,
+        rope_grid_indexing=self.rope_grid_indexing,
+        rope_ref_grid=(None if self.rope_ref_grid is None
+                       else pair(self.rope_ref_grid)),
+        rope_augment=augment or None)
 
   @property
   def base_grid(self) -> Optional[Tuple[int, int]]:
@@ -313,7 +449,8 @@ class VisionTransformer(nn.Module):
 
   def embed(self, images, *, train: bool = False):
     """Images (B, H, W, C) -> (patch tokens (B, N, D), prefix tokens
-    (B, P, D) or None: class token then registers, (h, w) patch grid)."""
+    (B, P, D) or None: class token, distillation token, registers; (h, w)
+    patch grid)."""
     self._check_images(images)
     x = images
     if self.dynamic_img_pad:  # bottom / right to a multiple of the patch
@@ -325,12 +462,16 @@ class VisionTransformer(nn.Module):
       for conv, bn in zip(self.stem_convs, self.stem_bns):
         x = nn.relu(bn(conv(x), use_running_average=not train))
     x = self.embedding(x)
+    if self.patch_norm:
+      x = self.embedding_norm(x)
     self.sow("intermediates", "stem", x)
     n, h, w, c = x.shape
     x = jnp.reshape(x, (n, h * w, c))
     prefix = []
-    if self.classifier == "token":
+    if self.has_class_token:
       prefix.append(jnp.broadcast_to(self.cls.astype(x.dtype), (n, 1, c)))
+    if self.distilled:
+      prefix.append(jnp.broadcast_to(self.dist.astype(x.dtype), (n, 1, c)))
     if self.num_registers:
       prefix.append(jnp.broadcast_to(self.registers.astype(x.dtype),
                                      (n, self.num_registers, c)))
@@ -398,22 +539,28 @@ class VisionTransformer(nn.Module):
 
   def pool(self, encoded):
     """Tokens (B, T, D) -> (B, D) by the ``classifier`` (then ``fc_norm``)."""
+    p = 0 if self.pool_include_prefix else self.num_prefix_tokens
     if self.classifier == "token":
       x = encoded[:, 0]
     elif self.classifier == "gap":
-      x = jnp.mean(encoded[:, self.num_prefix_tokens:], axis=1)
+      x = jnp.mean(encoded[:, p:], axis=1)
     elif self.classifier == "map":
-      x = self.MAPHead_0(encoded)
+      x = self.MAPHead_0(encoded[:, p:] if p else encoded)
     else:
       return encoded
     if self.fc_norm:
       x = self.fc_norm_layer(x)
     return x
 
-  def forward_head(self, encoded, *, pre_logits: bool = False):
-    """Encoded tokens -> pooled -> (pre_logits) -> logits."""
+  def forward_head(self, encoded, *, pre_logits: bool = False,
+                   train: bool = False):
+    """Encoded tokens -> pooled -> (pre_logits) -> logits. A distilled
+    model (DeiT) averages its two heads, or returns both ``(logits,
+    dist_logits)`` in training with ``distilled_training``, as timm."""
     if self.classifier == "unpooled":
       return encoded
+    if self.distilled:
+      return self._distilled_head(encoded, pre_logits, train)
     x = self.pool(encoded)
     if self.representation_size:
       p = self.pre_logits_params
@@ -427,8 +574,22 @@ class VisionTransformer(nn.Module):
     self.sow("intermediates", "logits", logits)
     return logits
 
+  def _distilled_head(self, encoded, pre_logits: bool, train: bool):
+    x, x_dist = encoded[:, 0], encoded[:, 1]
+    if pre_logits or not self.num_classes:
+      x = (x + x_dist) / 2
+      self.sow("intermediates", "pre_logits", x)
+      return x
+    logits, dist_logits = self.head(x), self.head_dist(x_dist)
+    if self.distilled_training and train:
+      return logits, dist_logits
+    logits = (logits + dist_logits) / 2
+    self.sow("intermediates", "logits", logits)
+    return logits
+
   def __call__(self, images, *, train: bool = False):
-    return self.forward_head(self.forward_features(images, train=train))
+    return self.forward_head(self.forward_features(images, train=train),
+                             train=train)
 
 
 def feature_take_indices(num_blocks: int,

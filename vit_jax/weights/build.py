@@ -101,12 +101,16 @@ class NameMismatch(ValueError):
 
 
 def _finish(variables, arch: Dict[str, Any], image_size, overrides,
-            what: str, their: Optional[Tuple[mapping.Layout, dict]] = None):
+            what: str, their: Optional[Tuple[mapping.Layout, dict]] = None,
+            resample: Optional[str] = None, named_size=None):
   """arch -> model; check the weights against it; resample; stack.
 
   The checks run against the model at the weights' own patch size; a
   ``patch_size`` override that differs from it (:func:`new_patch_size`)
-  then rebuilds both at the new one (:func:`resize_patch`)."""
+  then rebuilds both at the new one (:func:`resize_patch`). A resolution
+  that is not a multiple of the patch is the model's ``image_size`` where
+  it is the named model's own (SigLIP so400m/14 at 384: the convolution
+  leaves the last pixels out, as timm's)."""
   options = {k: v for k, v in overrides.items()
              if k not in _SIZE_FIELDS and k != "image_size"}
   model = models.get_model(arch, **options)
@@ -121,14 +125,33 @@ def _finish(variables, arch: Dict[str, Any], image_size, overrides,
   else:
     layout, sd = their
     check.check_keys(check.shapes(sd), mapping.expected(layout, want), what)
+  size = image_size
+  if size is None and named_size and native and named_size % model.patch_size:
+    if named_size // model.patch_size * model.patch_size == native:
+      size = named_size  # the released size, remainder left out
+  if size is not None:
+    h, w = models.pair(size)
+    if (h % model.patch_size or w % model.patch_size) and size != named_size:
+      raise ValueError(
+          f"image_size {h}x{w} is not a multiple of the patch size "
+          f"{model.patch_size}: expected multiples (e.g. "
+          f"{h // model.patch_size * model.patch_size}x"
+          f"{w // model.patch_size * model.patch_size}). timm's convolution "
+          f"would leave the last pixels out; vit_jax does that only at a "
+          f"model's own released resolution (vit_so400m_patch14_siglip_384 "
+          f"at 384), named by its timm name.")
   patch = new_patch_size(arch, overrides)
   if patch is not None:  # FlexiViT: the same weights at another patch size
     model, variables = resize_patch(model, variables, patch, image_size)
-  elif image_size is not None:  # as the weights' own library would
+  elif size is not None:  # as the weights' own library would
     variables = posemb.resize_posemb(
-        variables, image_size, model.patch_size,
-        num_prefix_tokens=0 if model.no_embed_class else model.num_prefix_tokens,
-        method=their[0].resample if their else "torchvision")
+        variables, size, model.patch_size,
+        num_prefix_tokens=trees.pos_prefix_rows(model),
+        method=resample or (their[0].resample if their else "torchvision"),
+        remainder_ok=True)
+    h, w = models.pair(size)
+    if h % model.patch_size or w % model.patch_size:
+      model = model.clone(image_size=size)
   if model.scan_layers:
     variables = trees.stack_layers(variables)
   return model, variables
@@ -255,19 +278,26 @@ def from_state_dict(state_dict, name: Optional[str] = None, *,
         "'patch_embed' / 'blocks.*' nor 'embeddings.patch_embedding(s)' keys); "
         f"it has {len(keys)} entries, e.g. {keys[:5]}. Is it another "
         f"architecture (e.g. a ResNet)?")
+  if layout == "timm":  # VisionTransformer's names or Eva's
+    layout = layouts.timm_layout(mapping.canonical(layouts.TIMM, sd))
   table = layouts.LAYOUTS[layout]
   sd = mapping.canonical(table, sd)
   hints: Dict[str, Any] = {}
-  if layout == "timm" and name is not None:
+  parsed = None
+  if layout.startswith("timm") and name is not None:
     hints = layouts.timm_hints(name)
+    parsed = layouts.parse_timm_name(name)
   elif layout.startswith("transformers"):
     hints = layouts.transformers_hints(config or {}, layout)
   _refuse_unknown(table, sd, mapping.unmatched(table, sd))
   if layout == "timm" and name is None and "norm_pre.weight" in sd:
     raise ValueError(CLIP_NEEDS_A_NAME)
+  if layout == "timm_eva" and not hints.get("rope"):
+    raise ValueError(layouts.NEEDS_A_NAME)
   heads = _heads(name, overrides.get("num_heads"), hints,
                  _width(table, sd))
-  flat, _ = mapping.to_ours(table, sd, heads)
+  flat, _ = mapping.to_ours(table, sd, {
+      "model": heads, "map": int(hints.get("map_heads") or heads)})
   variables = trees.unflatten(flat)
   if "params" not in variables:
     raise ValueError(f"Not a {layout} ViT state dict: none of its keys maps "
@@ -286,8 +316,13 @@ def from_state_dict(state_dict, name: Optional[str] = None, *,
     except ValueError as check_error:
       raise ValueError(f"{e}\n{check_error}") from None
     raise
+  resample = parsed["resample"] if parsed else table.resample
+  if (image_size is None and resample.startswith("radio") and
+      np.shape(flat.get(_POS, ()))[1:2] == (128 * 128,)):
+    image_size = parsed["image_size"]  # RADIO's 128x128 grid -> the name's
   return _finish(variables, arch, image_size, overrides,
-                 what + (name or trees.describe(arch)), (table, sd))
+                 what + (name or trees.describe(arch)), (table, sd),
+                 resample=resample, named_size=parsed and parsed["image_size"])
 
 
 def _native_hint(layout, name, config):
@@ -314,6 +349,41 @@ def from_tree(variables, name: Optional[str] = None, *, image_size=None,
 
 
 def to_state_dict(variables, layout: str) -> "Dict[str, np.ndarray]":
-  """Our tree -> a state dict in ``layout`` (numpy, float32)."""
+  """Our tree -> a state dict in ``layout`` (numpy, float32). ``'timm'``
+  picks timm's class from the tree (:func:`layouts.timm_layout_of`: Eva for
+  DINOv3, EVA-02, PE; else VisionTransformer). Where the layout places the
+  class token's position otherwise than the tree (transformers' DINOv2 with
+  registers gives the class token a position row, timm's does not), the
+  tree is rewritten to the same function first: timm folds the row into
+  the class token, transformers gets a zero row."""
   flat = trees.flatten(trees.wrap(trees.unstack_layers(trees.wrap(variables))))
+  if layout == "timm":
+    layout = layouts.timm_layout_of(flat)
+  if layout.startswith("timm") or layout == "transformers_dinov2_reg":
+    arch = trees.arch_of(trees.unflatten(flat))
+    if layout.startswith("timm") and arch.get("no_embed_registers"):
+      flat = _fold_class_position(flat)
+    elif (layout == "transformers_dinov2_reg" and arch["no_embed_class"] and
+          arch["num_registers"]):
+      flat = _unfold_class_position(flat)
   return mapping.to_theirs(layouts.LAYOUTS[layout], flat)
+
+
+_POS = "params/Transformer/posembed_input/pos_embedding"
+
+
+def _fold_class_position(flat):
+  """[cls + pos row 0], pos rows 1: (no_embed_class)."""
+  flat = dict(flat)
+  pe = trees.f32(flat[_POS])
+  flat["params/cls"] = trees.f32(flat["params/cls"]) + pe[:, :1]
+  flat[_POS] = pe[:, 1:]
+  return flat
+
+
+def _unfold_class_position(flat):
+  """A zero position row for the class token, which keeps its value."""
+  flat = dict(flat)
+  pe = trees.f32(flat[_POS])
+  flat[_POS] = np.concatenate([np.zeros_like(pe[:, :1]), pe], axis=1)
+  return flat

@@ -10,12 +10,15 @@ the checkpoint's config, decoded at the end of this file.
 
 from __future__ import annotations
 
+import dataclasses
 import re
 from typing import Any, Dict, Mapping, Optional
 
+import numpy as np
+
 from vit_jax.weights.mapping import (
-    HEADS, HEADS_BIAS, Layout, Repeat, Row, const, conv, dense, expand,
-    fused_qkv, norm, out_proj, split_qkv, zeros)
+    DENSE, HEADS, HEADS_BIAS, RAW, Layout, Repeat, Row, const, conv, dense,
+    expand, fused_qkv, never, norm, out_proj, part, split_qkv, zeros)
 
 E = "params/Transformer/encoderblock_{i}/"  # our block
 ATTN = E + "MultiHeadDotProductAttention_0"
@@ -71,51 +74,197 @@ TORCHVISION = Layout("torchvision", rows=(
 
 # ------------------------------------------------------------------- timm ---
 _TM = "blocks.{i}."
+GATE = E + "MlpBlock_0/Gate_0"
+MLP_NORM = E + "MlpBlock_0/LayerNorm_0"
 
+
+def _any(fragment):
+  """``Row.when``: some path of our tree contains ``fragment``."""
+  return lambda flat: any(fragment in k for k in flat)
+
+
+def _none(fragment):
+  return lambda flat: not any(fragment in k for k in flat)
+
+
+def _map_heads(rows):
+  """The MAP head's multi-head rows split by its own head count."""
+  return tuple(dataclasses.replace(r, heads="map") for r in rows)
+
+
+_SPLIT_MLP = "MlpBlock_0/Gate_0"
+
+
+def _shape(v):
+  return tuple(v) if isinstance(v, tuple) else tuple(np.shape(v))
+
+
+def mlp_kind(flat) -> Optional[str]:
+  """A tree's block MLP: None (Dense -> act -> Dense), ``'packed'`` (one
+  Dense_0 twice as wide as Dense_1 takes) or ``'split'`` (a Gate_0)."""
+  d0 = d1 = None
+  for k, v in flat.items():
+    if "encoderblock" not in k:
+      continue
+    if _SPLIT_MLP in k:
+      return "split"
+    if k.endswith("MlpBlock_0/Dense_0/kernel"):
+      d0 = _shape(v)
+    elif k.endswith("MlpBlock_0/Dense_1/kernel"):
+      d1 = _shape(v)
+  if d0 and d1 and d0[-1] == 2 * d1[-2]:
+    return "packed"
+  return None
+
+
+def _mlp_is(kind):
+  return lambda flat: mlp_kind(flat) == kind
+
+
+def _timm_mlp(prefix: str):
+  """timm's MLPs: ``fc1``/``fc2`` (GELU, or a packed GLU whose ``fc1`` is
+  the gate then the value half), or the split SwiGLU ``fc1_g``/``fc1_x``;
+  an optional ``norm`` over the hidden layer."""
+  return (*dense(prefix + "fc1_g.", GATE),
+          *dense(prefix + "fc1.", E + "MlpBlock_0/Dense_0"),
+          *dense(prefix + "fc1_x.", E + "MlpBlock_0/Dense_0"),
+          *norm(prefix + "norm.", MLP_NORM),
+          *dense(prefix + "fc2.", E + "MlpBlock_0/Dense_1"))
+
+
+def _fix_mlp_rows(rows):
+  """``fc1`` is written for a GLU-free or packed MLP, ``fc1_x`` for a
+  split one (the two name our ``Dense_0``)."""
+  out = []
+  for r in rows:
+    if ".mlp.fc1." in r.theirs:
+      r = dataclasses.replace(r, when=_none(_SPLIT_MLP))
+    elif ".mlp.fc1_x." in r.theirs:
+      r = dataclasses.replace(r, when=_any(_SPLIT_MLP))
+    out.append(r)
+  return tuple(out)
+
+
+_TIMM_POOL = (
+    Row("attn_pool.latent", (MAP + "probe",)),
+    *_map_heads((
+        Row("attn_pool.q.weight",
+            (MAP + "MultiHeadDotProductAttention_0/query/kernel",), HEADS),
+        Row("attn_pool.q.bias",
+            (MAP + "MultiHeadDotProductAttention_0/query/bias",), HEADS_BIAS),
+        *fused_qkv("attn_pool.kv.weight", "attn_pool.kv.bias",
+                   MAP + "MultiHeadDotProductAttention_0",
+                   names=("key", "value")),
+        *out_proj("attn_pool.proj.", MAP + "MultiHeadDotProductAttention_0"))),
+    *norm("attn_pool.norm.", MAP + "LayerNorm_0"),
+    *dense("attn_pool.mlp.fc1.", MAP + "MlpBlock_0/Dense_0"),
+    *dense("attn_pool.mlp.fc2.", MAP + "MlpBlock_0/Dense_1"),
+)
+
+# timm's VisionTransformer (and VisionTransformerDistilled): classic ViTs,
+# DeiT-III, DINOv2 (giant: a packed SwiGLU), CLIP, SigLIP, AIMv2 (RMSNorm,
+# split SwiGLU, no biases), RADIO, distilled DeiT.
 TIMM = Layout("timm", rows=(
+    Row("cls_token", ("params/cls",)),
+    Row("reg_token", ("params/registers",)),
+    Row("pos_embed", (POS,)),
+    Row("dist_token", ("params/dist",)),
+    *conv("patch_embed.proj.", "params/embedding"),
+    *norm("patch_embed.norm.", "params/embedding_norm"),
+    *norm("norm_pre.", "params/Transformer/pre_norm"),
+    Repeat((
+        *norm(_TM + "norm1.", E + "LayerNorm_0"),
+        *fused_qkv(_TM + "attn.qkv.weight", _TM + "attn.qkv.bias", ATTN),
+        *norm(_TM + "attn.q_norm.", ATTN + "/query_ln"),
+        *norm(_TM + "attn.k_norm.", ATTN + "/key_ln"),
+        *norm(_TM + "attn.norm.", ATTN + "/inner_norm"),
+        *out_proj(_TM + "attn.proj.", ATTN),
+        Row(_TM + "ls1.gamma", (E + "LayerScale_0/scale",)),
+        *norm(_TM + "norm2.", E + "LayerNorm_1"),
+        *_fix_mlp_rows(_timm_mlp(_TM + "mlp.")),
+        Row(_TM + "ls2.gamma", (E + "LayerScale_1/scale",)),
+    )),
+    *norm("norm.", "params/Transformer/encoder_norm"),
+    *norm("fc_norm.", "params/fc_norm"),
+    *_TIMM_POOL,
+    *dense("head.", "params/head"),
+    *dense("head_dist.", "params/head_dist"),
+), aliases=((r"^module\.", ""),), resample="timm", unsupported=(
+    (".lambda_", "differential attention"),
+    ("patch_embed.backbone.", "a hybrid CNN backbone (R50+ViT)"),
+    ("attn_pool.pos_embed", "a position embedding in the attention pool"),
+    (".attn.gate.", "gated attention"),
+))
+
+# timm's Eva: DINOv3, EVA-02, Perception Encoder (and timm's RoPE ViTs).
+# LayerScale is gamma_1 / gamma_2; the query and value biases are q_bias /
+# v_bias beside a fused qkv weight (the key has none), or the projections
+# are separate (q_proj, k_proj, v_proj: EVA-02 B/L and EVA-02 CLIP, the Eva
+# models with a norm inside the MLP, which is how a tree tells them apart).
+_EVA_SPLIT = _any("MlpBlock_0/LayerNorm_0")
+_EVA_FUSED = _none("MlpBlock_0/LayerNorm_0")
+_QV_ONLY = _none("MultiHeadDotProductAttention_0/key/bias")
+
+TIMM_EVA = Layout("timm_eva", rows=(
     Row("cls_token", ("params/cls",)),
     Row("reg_token", ("params/registers",)),
     Row("pos_embed", (POS,)),
     *conv("patch_embed.proj.", "params/embedding"),
     *norm("norm_pre.", "params/Transformer/pre_norm"),
     Repeat((
+        Row(_TM + "gamma_1", (E + "LayerScale_0/scale",)),
+        Row(_TM + "gamma_2", (E + "LayerScale_1/scale",)),
         *norm(_TM + "norm1.", E + "LayerNorm_0"),
-        *fused_qkv(_TM + "attn.qkv.weight", _TM + "attn.qkv.bias", ATTN),
+        *(dataclasses.replace(r, when=lambda f: _EVA_FUSED(f) and _QV_ONLY(f))
+          for r in (Row(_TM + "attn.q_bias", (ATTN + "/query/bias",),
+                        HEADS_BIAS),
+                    Row(_TM + "attn.v_bias", (ATTN + "/value/bias",),
+                        HEADS_BIAS))),
+        *(dataclasses.replace(r, when=_EVA_FUSED) for r in fused_qkv(
+            _TM + "attn.qkv.weight", _TM + "attn.qkv.bias", ATTN)),
+        *(dataclasses.replace(r, when=_EVA_SPLIT) for r in split_qkv(
+            _TM + "attn.", ATTN, names=("q_proj", "k_proj", "v_proj"))),
+        *norm(_TM + "attn.q_norm.", ATTN + "/query_ln"),
+        *norm(_TM + "attn.k_norm.", ATTN + "/key_ln"),
+        *norm(_TM + "attn.norm.", ATTN + "/inner_norm"),
         *out_proj(_TM + "attn.proj.", ATTN),
-        Row(_TM + "ls1.gamma", (E + "LayerScale_0/scale",)),
         *norm(_TM + "norm2.", E + "LayerNorm_1"),
-        *dense(_TM + "mlp.fc1.", E + "MlpBlock_0/Dense_0"),
-        *dense(_TM + "mlp.fc2.", E + "MlpBlock_0/Dense_1"),
-        Row(_TM + "ls2.gamma", (E + "LayerScale_1/scale",)),
+        *_fix_mlp_rows(_timm_mlp(_TM + "mlp.")),
     )),
     *norm("norm.", "params/Transformer/encoder_norm"),
+    *_TIMM_POOL,
     *norm("fc_norm.", "params/fc_norm"),
-    Row("attn_pool.latent", (MAP + "probe",)),
-    Row("attn_pool.q.weight", (MAP + "MultiHeadDotProductAttention_0/query/kernel",),
-        HEADS),
-    Row("attn_pool.q.bias", (MAP + "MultiHeadDotProductAttention_0/query/bias",),
-        HEADS_BIAS),
-    *fused_qkv("attn_pool.kv.weight", "attn_pool.kv.bias",
-               MAP + "MultiHeadDotProductAttention_0", names=("key", "value")),
-    *out_proj("attn_pool.proj.", MAP + "MultiHeadDotProductAttention_0"),
-    *norm("attn_pool.norm.", MAP + "LayerNorm_0"),
-    *dense("attn_pool.mlp.fc1.", MAP + "MlpBlock_0/Dense_0"),
-    *dense("attn_pool.mlp.fc2.", MAP + "MlpBlock_0/Dense_1"),
     *dense("head.", "params/head"),
 ), aliases=((r"^module\.", ""),), resample="timm", unsupported=(
-    ("dist_token", "DeiT's distillation token (VisionTransformerDistilled)"),
-    ("head_dist.", "DeiT's distillation head"),
-    (".q_norm.", "q/k normalisation (qk_norm)"),
-    (".k_norm.", "q/k normalisation (qk_norm)"),
-    (".attn.norm.", "a norm inside attention (scale_attn_norm)"),
-    (".mlp.norm.", "a norm inside the MLP (scale_mlp_norm)"),
-    (".w12.", "a SwiGLU MLP"),
-    (".mlp.fc1_g.", "a gated (GLU) MLP"),
-    ("patch_embed.norm.", "a norm after the patch embedding"),
-    ("patch_embed.backbone.", "a hybrid CNN backbone (R50+ViT)"),
-    ("attn_pool.pos_embed", "a position embedding in the attention pool"),
-    (".lambda_", "differential attention"),
+    (".attn.gate.", "gated attention"),
 ))
+
+
+def timm_layout(keys) -> str:
+  """``'timm_eva'`` for keys only timm's Eva has (LayerScale ``gamma_1``,
+  ``q_bias`` / ``v_bias``, separate ``q_proj``), else ``'timm'``."""
+  eva = re.compile(r"^blocks\.\d+\.(gamma_1|attn\.q_bias|attn\.q_proj\.)")
+  return "timm_eva" if any(eva.match(k) for k in keys) else "timm"
+
+
+def timm_layout_of(flat) -> str:
+  """The timm class a tree of ours loads into: ``'timm_eva'`` where only
+  Eva can hold it (no learned position embedding: DINOv3; a query bias
+  without a key bias; LayerScale with a norm before the blocks: PE), else
+  ``'timm'`` (VisionTransformer)."""
+  keys = list(flat)
+  if not any("posembed_input" in k for k in keys):
+    return "timm_eva"
+  if (any(k.endswith("MultiHeadDotProductAttention_0/query/bias")
+          and "encoderblock" in k for k in keys) and
+      not any(k.endswith("MultiHeadDotProductAttention_0/key/bias")
+              and "encoderblock" in k for k in keys)):
+    return "timm_eva"
+  if (any("LayerScale_0" in k for k in keys) and
+      any("Transformer/pre_norm" in k for k in keys)):
+    return "timm_eva"
+  return "timm"
+
 
 # ----------------------------------------------------- Hugging Face (ViT) ---
 # transformers v5's module names (what ``state_dict()`` has and
@@ -152,35 +301,135 @@ TRANSFORMERS_VIT = Layout("transformers", rows=(
     ("embeddings.mask_token", "a mask token (masked image modeling)"),
 ), fixed=(("classifier", "token"),))
 
-# transformers' DINOv2 (Dinov2Model). Its mask token serves masked-image
-# training only: dropped on the way in, zeros on the way out.
+# transformers' DINOv2 (Dinov2Model) and DINOv2 with registers
+# (Dinov2WithRegistersModel, whose position embedding covers the class token
+# but not the registers). The mask token serves masked-image training only:
+# dropped on the way in, zeros on the way out. The giants' SwiGLU is our
+# packed gated MLP: gate_proj and up_proj are its two halves (Hub files: one
+# weights_in, as timm's fc1).
 _HFD = "encoder.layer.{i}."
-TRANSFORMERS_DINOV2 = Layout("transformers_dinov2", rows=(
-    Row("embeddings.cls_token", ("params/cls",)),
-    Row("embeddings.mask_token", ("params/cls",), zeros(lambda s: s[1:])),
-    Row("embeddings.position_embeddings", (POS,)),
-    *conv("embeddings.patch_embeddings.projection.", "params/embedding"),
-    Repeat((
-        *norm(_HFD + "norm1.", E + "LayerNorm_0"),
-        *split_qkv(_HFD + "attention.", ATTN,
-                   names=("q_proj", "k_proj", "v_proj")),
-        *out_proj(_HFD + "attention.o_proj.", ATTN),
-        Row(_HFD + "layer_scale1.lambda1", (E + "LayerScale_0/scale",)),
-        *norm(_HFD + "norm2.", E + "LayerNorm_1"),
-        *dense(_HFD + "mlp.fc1.", E + "MlpBlock_0/Dense_0"),
-        *dense(_HFD + "mlp.fc2.", E + "MlpBlock_0/Dense_1"),
-        Row(_HFD + "layer_scale2.lambda1", (E + "LayerScale_1/scale",)),
-    )),
-    *norm("layernorm.", "params/Transformer/encoder_norm"),
-), aliases=(
-    (r"^module\.", ""), (r"^dinov2\.", ""),
+_PACKED = E + "MlpBlock_0/Dense_0"
+
+
+def _hf_swiglu(prefix: str, names=("gate_proj", "up_proj", "down_proj")):
+  """transformers' SwiGLU: ``gate_proj``, ``up_proj``, ``down_proj``. Our
+  split MLP maps one to one; a packed one's Dense_0 is gate then up."""
+  gate, up, down = names
+  packed = _mlp_is("packed")
+  return (
+      Row(f"{prefix}{gate}.weight", (_PACKED + "/kernel",), part(DENSE, 0, 2),
+          packed),
+      Row(f"{prefix}{gate}.bias", (_PACKED + "/bias",), part(RAW, 0, 2),
+          packed),
+      Row(f"{prefix}{up}.weight", (_PACKED + "/kernel",), part(DENSE, 1, 2),
+          packed),
+      Row(f"{prefix}{up}.bias", (_PACKED + "/bias",), part(RAW, 1, 2), packed),
+      *(dataclasses.replace(r, when=_any(_SPLIT_MLP)) for r in (
+          *dense(f"{prefix}{gate}.", GATE),
+          *dense(f"{prefix}{up}.", _PACKED))),
+      *(dataclasses.replace(r, when=lambda f: mlp_kind(f) is not None)
+        for r in dense(f"{prefix}{down}.", E + "MlpBlock_0/Dense_1")),
+      # Hub files (transformers v4): the packed weights_in / weights_out.
+      *(dataclasses.replace(r, when=never) for r in (
+          *dense(prefix + "weights_in.", _PACKED),
+          *dense(prefix + "weights_out.", E + "MlpBlock_0/Dense_1"))),
+  )
+
+
+def _hf_dinov2_rows(registers: bool):
+  return (
+      Row("embeddings.cls_token", ("params/cls",)),
+      Row("embeddings.mask_token", ("params/cls",), zeros(lambda s: s[1:])),
+      Row("embeddings.position_embeddings", (POS,)),
+      *((Row("embeddings.register_tokens", ("params/registers",)),)
+        if registers else ()),
+      *conv("embeddings.patch_embeddings.projection.", "params/embedding"),
+      Repeat((
+          *norm(_HFD + "norm1.", E + "LayerNorm_0"),
+          *split_qkv(_HFD + "attention.", ATTN,
+                     names=("q_proj", "k_proj", "v_proj")),
+          *out_proj(_HFD + "attention.o_proj.", ATTN),
+          Row(_HFD + "layer_scale1.lambda1", (E + "LayerScale_0/scale",)),
+          *norm(_HFD + "norm2.", E + "LayerNorm_1"),
+          *(dataclasses.replace(r, when=_mlp_is(None))
+            for r in dense(_HFD + "mlp.fc1.", E + "MlpBlock_0/Dense_0")),
+          *_hf_swiglu(_HFD + "mlp."),
+          *(dataclasses.replace(r, when=_mlp_is(None))
+            for r in dense(_HFD + "mlp.fc2.", E + "MlpBlock_0/Dense_1")),
+          Row(_HFD + "layer_scale2.lambda1", (E + "LayerScale_1/scale",)),
+      )),
+      *norm("layernorm.", "params/Transformer/encoder_norm"),
+  )
+
+
+_HF_DINOV2_ALIASES = (
+    (r"^module\.", ""), (r"^dinov2(_with_registers)?\.", ""),
     (r"\.attention\.attention\.(q|k|v)[a-z]*\.", r".attention.\1_proj."),
     (r"\.attention\.output\.dense\.", ".attention.o_proj."),
-), unsupported=(
-    ("register_tokens", "registers in transformers' layout (use timm's: "
-     "hf-hub:timm/vit_*_reg4_dinov2.lvd142m)"),
-    (".weights_in.", "a SwiGLU MLP"),
+)
+
+TRANSFORMERS_DINOV2 = Layout(
+    "transformers_dinov2", rows=_hf_dinov2_rows(registers=False),
+    aliases=_HF_DINOV2_ALIASES, unsupported=(
+        ("register_tokens", "registers: a Dinov2WithRegistersModel (its "
+         "config.json's model_type 'dinov2_with_registers')"),
+    ), fixed=(("classifier", "token"),))
+
+TRANSFORMERS_DINOV2_REG = Layout(
+    "transformers_dinov2_reg", rows=_hf_dinov2_rows(registers=True),
+    aliases=_HF_DINOV2_ALIASES, fixed=(("classifier", "token"),),
+    resample="timm")
+
+# transformers' DINOv3 (DINOv3ViTModel): no position embedding (RoPE), q/v
+# biases without a key bias, LayerScale, an optional SwiGLU (split).
+_HF3 = "model.layer.{i}."
+TRANSFORMERS_DINOV3 = Layout("transformers_dinov3", rows=(
+    Row("embeddings.cls_token", ("params/cls",)),
+    Row("embeddings.mask_token", ("params/cls",), zeros(lambda s: s)),
+    Row("embeddings.register_tokens", ("params/registers",)),
+    *conv("embeddings.patch_embeddings.", "params/embedding"),
+    Repeat((
+        *norm(_HF3 + "norm1.", E + "LayerNorm_0"),
+        *split_qkv(_HF3 + "attention.", ATTN,
+                   names=("q_proj", "k_proj", "v_proj")),
+        *out_proj(_HF3 + "attention.o_proj.", ATTN),
+        Row(_HF3 + "layer_scale1.lambda1", (E + "LayerScale_0/scale",)),
+        *norm(_HF3 + "norm2.", E + "LayerNorm_1"),
+        *dense(_HF3 + "mlp.gate_proj.", GATE),
+        *dense(_HF3 + "mlp.up_proj.", E + "MlpBlock_0/Dense_0"),
+        *dense(_HF3 + "mlp.down_proj.", E + "MlpBlock_0/Dense_1"),
+        Row(_HF3 + "layer_scale2.lambda1", (E + "LayerScale_1/scale",)),
+    )),
+    *norm("norm.", "params/Transformer/encoder_norm"),
+), aliases=(
+    (r"^module\.", ""), (r"^dinov3\.", ""),
+    (r"^layer\.(\d+)\.", r"model.layer.\1."),  # Hub files (v4 names)
 ), fixed=(("classifier", "token"),))
+
+# transformers' AIMv2 image tower (Aimv2VisionModel, or an Aimv2Model's
+# vision half): RMSNorm, a norm after the patch embedding, no biases, a
+# SwiGLU (split). Its optional attention-pooling head (use_head) has no
+# counterpart here and is named as unsupported.
+_HFA = "encoder.layers.{i}."
+TRANSFORMERS_AIMV2 = Layout("transformers_aimv2", rows=(
+    *conv("embeddings.patch_embed.", "params/embedding"),
+    *norm("embeddings.rms_norm.", "params/embedding_norm"),
+    Row("embeddings.position_embedding.weight", (POS,), expand(1)),
+    Repeat((
+        *split_qkv(_HFA + "attention.", ATTN,
+                   names=("q_proj", "k_proj", "v_proj")),
+        *out_proj(_HFA + "attention.out_proj.", ATTN),
+        *dense(_HFA + "ffn.gate_proj.", GATE),
+        *dense(_HFA + "ffn.up_proj.", E + "MlpBlock_0/Dense_0"),
+        *dense(_HFA + "ffn.down_proj.", E + "MlpBlock_0/Dense_1"),
+        *norm(_HFA + "rms_norm1.", E + "LayerNorm_0"),
+        *norm(_HFA + "rms_norm2.", E + "LayerNorm_1"),
+    )),
+    *norm("rms_norm.", "params/Transformer/encoder_norm"),
+), aliases=((r"^module\.", ""), (r"^vision_model\.", "")),
+   ignored=r"^(text_model|text_projection|image_projection|logit_scale)",
+   unsupported=(("head.", "AIMv2's attention-pooling head (use_head=True); "
+                 "build the tower with use_head=False"),))
 
 # transformers' CLIP and SigLIP image towers (CLIPVisionModel,
 # SiglipVisionModel, or the vision half of CLIPModel / SiglipModel).
@@ -221,19 +470,46 @@ TRANSFORMERS_SIGLIP = Layout("transformers_siglip", rows=(
 ), aliases=_TOWER_ALIASES, ignored=_OTHER_TOWER)
 
 LAYOUTS = {layout.name: layout for layout in (
-    TORCHVISION, TIMM, TRANSFORMERS_VIT, TRANSFORMERS_DINOV2,
-    TRANSFORMERS_CLIP, TRANSFORMERS_SIGLIP)}
+    TORCHVISION, TIMM, TIMM_EVA, TRANSFORMERS_VIT, TRANSFORMERS_DINOV2,
+    TRANSFORMERS_DINOV2_REG, TRANSFORMERS_DINOV3, TRANSFORMERS_CLIP,
+    TRANSFORMERS_SIGLIP, TRANSFORMERS_AIMV2)}
 # transformers' model_type -> the layout of its weights.
 HF_MODEL_TYPES = {"vit": "transformers", "dinov2": "transformers_dinov2",
+                  "dinov2_with_registers": "transformers_dinov2_reg",
+                  "dinov3_vit": "transformers_dinov3",
                   "clip": "transformers_clip",
                   "clip_vision_model": "transformers_clip",
                   "siglip": "transformers_siglip",
-                  "siglip_vision_model": "transformers_siglip"}
+                  "siglip_vision_model": "transformers_siglip",
+                  "aimv2": "transformers_aimv2",
+                  "aimv2_vision_model": "transformers_aimv2"}
+
+
+def transformers_layout_of(arch: Mapping[str, Any]) -> str:
+  """The transformers model a tree of ours (its :func:`~vit_jax.weights.
+  trees.arch_of`) exports to: SigLIP for a MAP head, CLIP for a norm before
+  the blocks, AIMv2 for RMSNorm, DINOv3 for RoPE (no position embedding),
+  DINOv2 with registers / DINOv2 for LayerScale, else ViT."""
+  if arch.get("classifier") == "map":
+    return "transformers_siglip"
+  if arch.get("pre_norm"):
+    return "transformers_clip"
+  if arch.get("norm_type") == "rms":
+    return "transformers_aimv2"
+  if arch.get("abs_pos_embed") is False:
+    return "transformers_dinov3"
+  if arch.get("layer_scale_init") or arch.get("gated_mlp"):
+    return ("transformers_dinov2_reg" if arch.get("num_registers")
+            else "transformers_dinov2")
+  return "transformers"
 
 
 def detect(keys) -> Optional[str]:
-  """The layout a state dict's keys are in (None: not a ViT we know)."""
-  keys = [re.sub(r"^(module|vision_model|vit|dinov2)\.", "", k) for k in keys]
+  """The layout a state dict's keys are in (None: not a ViT we know).
+  timm's two classes are one answer, ``'timm'``: :func:`timm_layout` tells
+  them apart."""
+  keys = [re.sub(r"^(module|vision_model|vit|dinov2(_with_registers)?|"
+                 r"dinov3)\.", "", k) for k in keys]
   has = lambda pattern: any(re.search(pattern, k) for k in keys)  # noqa: E731
   if has(r"^(class_token$|conv_proj\.|encoder\.layers\.encoder_layer_)"):
     return "torchvision"
@@ -241,8 +517,14 @@ def detect(keys) -> Optional[str]:
     return "transformers_clip"
   if has(r"^embeddings\.patch_embedding\.weight$"):
     return "transformers_siglip"
+  if has(r"^embeddings\.patch_embed\.weight$|\.rms_norm1\.weight$"):
+    return "transformers_aimv2"
+  if has(r"^embeddings\.patch_embeddings\.weight$|^(model\.)?layer\.\d+\."
+         r"layer_scale1"):
+    return "transformers_dinov3"
   if has(r"layer_scale1\.lambda1$|^encoder\.layer\.\d+\.norm1\."):
-    return "transformers_dinov2"
+    return ("transformers_dinov2_reg" if has(r"^embeddings\.register_tokens$")
+            else "transformers_dinov2")
   if has(r"^embeddings\.patch_embeddings\.projection\.weight$"):
     return "transformers"
   if has(r"^(patch_embed\.proj\.weight$|blocks\.)"):
@@ -270,8 +552,9 @@ def heads_for_width(width: int) -> int:
   return HEADS_FOR_WIDTH[width]
 
 
-# timm names: vit_{size}_patch{P}[_...]_{res}, deit3_..., deit_...; a
-# '.tag' names the weights and does not change the architecture.
+# timm names: vit_{size}_patch{P}[_...]_{res}, deit3_..., deit_...,
+# deit_{size}_distilled_..., eva02_..., aimv2_..., vit_pe_{core,lang,spatial}_
+# ...; a '.tag' names the weights and does not change the architecture.
 TIMM_SIZES = {
     "tiny": (192, 12), "xsmall": (256, 10), "small": (384, 12),
     "medium": (512, 12), "mediumd": (512, 20), "betwixt": (640, 12),
@@ -279,10 +562,22 @@ TIMM_SIZES = {
     "giant": (1408, 40), "gigantic": (1664, 48), "so400m": (1152, 27),
     "so150m": (896, 18), "so150m2": (832, 21), "little": (320, 14),
     "wee": (256, 14), "giantopt": (1536, 40),
+    "small_plus": (384, 12), "huge_plus": (1280, 32), "7b": (4096, 40),
+    "1b": (2048, 24), "3b": (3072, 24),
 }
 _TIMM_NAME = re.compile(
-    r"^(?P<family>vit|deit3|deit)_(?P<size>[a-z0-9]+?)_patch(?P<patch>\d+)"
-    r"(?P<rest>_[a-z0-9_]*)?$")
+    r"^(?P<family>vit_pe_(?:core|lang|spatial)|vit|deit3|deit|eva02|aimv2)_"
+    r"(?P<size>[a-z0-9]+?(?:_plus)?)(?P<distilled>_distilled)?"
+    r"_patch(?P<patch>\d+)(?P<rest>_[a-z0-9_]*)?$")
+# Widths of a family's size where it is not timm's usual one.
+_FAMILY_WIDTHS = (
+    (r"^vit_giant_patch14_(reg\d+_)?(dinov2|tipsv2)", 1536),
+    (r"^vit_giant_patch16_radio", 1536),
+    (r"^vit_pe_\w+_gigantic", 1536),
+    (r"^aimv2_huge", 1536),
+)
+# The resolution a name without one stands for (timm's pretrained configs).
+_FAMILY_SIZES = ((r"dinov2", 518), (r"_dinov3", 256), (r"_radio_v\d", 512))
 
 # (pattern on the name, fields) in order; later matches override earlier.
 TIMM_FAMILIES = (
@@ -294,22 +589,76 @@ TIMM_FAMILIES = (
     (r"^vit_base_patch16_gap_224$", dict(num_heads=16)),
     (r"^vit_giant_patch14_(reg\d+_)?(dinov2|tipsv2)", dict(num_heads=24)),
     (r"^vit_base_patch(16|32)_plus", dict(num_heads=14)),
+    # DINOv3 (timm's Eva): RoPE only, LayerNorm 1e-5, mean of the patches
+    # (timm's default; upstream pools the class token: classifier='token').
+    (r"_dinov3", dict(rope="dinov3", rope_temperature=100.0,
+                      layer_norm_eps=1e-5, classifier="gap")),
+    (r"^vit_huge_plus_patch16_dinov3", dict(num_heads=20)),
+    (r"^vit_7b_patch16_dinov3", dict(num_heads=32)),
+    # EVA-02: RoPE on a 16x16 reference grid beside a learned embedding.
+    (r"^eva02_", dict(rope="cat", rope_temperature=10000.0,
+                      rope_ref_grid=(16, 16), layer_norm_eps=1e-6,
+                      classifier="gap", no_embed_class=False)),
+    (r"^eva02_.*_clip_", dict(classifier="token")),
+    # Perception Encoder: RoPE (x first, positions from 1) on the name's
+    # grid; core: a MAP head of 8 heads over every token.
+    (r"^vit_pe_", dict(rope="cat", rope_temperature=10000.0,
+                       rope_grid_offset=1.0, rope_grid_indexing="xy",
+                       layer_norm_eps=1e-5, no_embed_class=False)),
+    (r"^vit_pe_\w+_gigantic", dict(rope_grid_offset=0.0)),
+    (r"^vit_pe_core_", dict(pool_include_prefix=True, map_heads=8)),
+    (r"^vit_pe_(lang|spatial)_", dict(classifier="gap")),
+    # AIMv2: RMSNorm 1e-5, heads of width 128.
+    (r"^aimv2_", dict(layer_norm_eps=1e-5)),
+    (r"^aimv2_large", dict(num_heads=8)),
+    (r"^aimv2_huge", dict(num_heads=12)),
+    (r"^aimv2_1b", dict(num_heads=16)),
+    (r"^aimv2_3b", dict(num_heads=24)),
+    # RADIO: the class token and the other teachers' tokens (timm's
+    # registers) have no position rows.
+    (r"_radio_v\d", dict(no_embed_class=True)),
+    (r"^vit_giant_patch16_radio", dict(num_heads=24)),
 )
+# Names whose RoPE reference grid is their own native patch grid.
+_REF_IS_NATIVE = r"^vit_pe_"
+# RADIO's 128x128 position grid is resized bilinearly (align_corners as the
+# checkpoint's own code: True for C-RADIOv3-B and -H) to a square, then
+# cropped at the top left, as timm's _convert_radio.
+_RADIO = r"_radio_v\d"
+_RADIO_ALIGN_CORNERS = r"^vit_(base|huge)_patch16_radio_v3"
+
 # What a family's weights expect (timm's pretrained_cfg defaults).
 TIMM_PREPROCESSING = (
     (r"_dinov2", dict(mean="imagenet", interpolation="bicubic", crop_pct=1.0)),
+    (r"_dinov3", dict(mean="imagenet", interpolation="bicubic", crop_pct=1.0)),
+    (r"^eva02_.*(_clip_|_224$)", dict(mean="openai_clip",
+                                      interpolation="bicubic", crop_pct=0.9)),
+    (r"^eva02_", dict(mean="openai_clip", interpolation="bicubic",
+                      crop_pct=1.0)),
+    (r"^vit_pe_", dict(mean="half", interpolation="bicubic", crop_pct=1.0)),
+    (r"^aimv2_", dict(mean="openai_clip", interpolation="bicubic",
+                      crop_pct=1.0)),
+    (r"_radio_v\d", dict(mean="openai_clip", interpolation="bicubic",
+                         crop_pct=1.0)),
     (r"_clip_", dict(mean="openai_clip", interpolation="bicubic", crop_pct=1.0)),
+    (r"^vit_so400m_patch14_siglip_384", dict(mean="half",
+                                             interpolation="bicubic",
+                                             crop_pct=0.9)),
     (r"_siglip", dict(mean="half", interpolation="bicubic", crop_pct=1.0)),
     (r"^deit3_.*_384", dict(mean="imagenet", interpolation="bicubic",
                             crop_pct=1.0)),
+    (r"^deit_.*_384", dict(mean="imagenet", interpolation="bicubic",
+                           crop_pct=1.0)),
     (r"^deit", dict(mean="imagenet", interpolation="bicubic", crop_pct=0.875)),
 )
 
 
 def parse_timm_name(name: str) -> Optional[Dict[str, Any]]:
   """``vit_small_patch14_reg4_dinov2.lvd142m`` -> {family, size, width,
-  depth, patch_size, image_size, registers, base}; None if it is not a timm
-  ViT name."""
+  depth, patch_size, image_size, registers, base, resample}; None if it is
+  not a timm ViT name. ``resample``: how a checkpoint's position embedding
+  is resampled to another grid (``'timm'``, or RADIO's
+  ``'radio'`` / ``'radio_ac'``)."""
   base = name.split(".", 1)[0]
   if base.startswith("hf-hub:") or base.startswith("hf_hub:"):
     return None
@@ -321,23 +670,45 @@ def parse_timm_name(name: str) -> Optional[Dict[str, Any]]:
   reg = re.search(r"_reg(\d+)", rest)
   size = m.group("size")
   width, depth = TIMM_SIZES.get(size, (None, None))
-  image_size = int(res.group(1)) if res else (
-      518 if "dinov2" in rest else 224)
+  for pattern, w in _FAMILY_WIDTHS:
+    if re.search(pattern, base):
+      width = w
+  image_size = int(res.group(1)) if res else next(
+      (s for pattern, s in _FAMILY_SIZES if re.search(pattern, base)), 224)
+  resample = "timm"
+  if re.search(_RADIO, base):
+    resample = "radio_ac" if re.search(_RADIO_ALIGN_CORNERS, base) else "radio"
   return dict(family=m.group("family"), size=size, width=width, depth=depth,
               patch_size=int(m.group("patch")), image_size=image_size,
-              registers=int(reg.group(1)) if reg else 0, base=base)
+              registers=int(reg.group(1)) if reg else 0, base=base,
+              distilled=bool(m.group("distilled")), resample=resample)
+
+
+# Families whose RoPE variant and grid the keys cannot show: loading their
+# weights without the name would silently drop the rotary embedding.
+NEEDS_A_NAME = (
+    "These are the weights of a timm Eva model (DINOv3, EVA-02, Perception "
+    "Encoder: LayerScale gamma_1, q_bias / v_bias or separate q_proj), whose "
+    "rotary position embedding is not stored in the weights. Pass the timm "
+    "name, e.g. 'vit_small_patch16_dinov3', 'eva02_tiny_patch14_224' or "
+    "'vit_pe_core_tiny_patch16_384' (in the CLIs: --model).")
 
 
 def timm_hints(name: str) -> Dict[str, Any]:
-  """The fields timm's model ``name`` decides that the keys cannot:
-  ``act``, ``layer_norm_eps``, ``num_heads`` (when not the width's)."""
+  """The fields timm's model ``name`` decides that the keys cannot: ``act``
+  (not for a gated MLP: its SiLU the keys show), ``layer_norm_eps``,
+  ``num_heads`` (when not the width's), the RoPE variant and grid, the
+  pooling of a class-token model."""
   parsed = parse_timm_name(name)
   if parsed is None:
     return {}
-  out: Dict[str, Any] = {"act": "gelu", "layer_norm_eps": 1e-6}
+  out: Dict[str, Any] = {"layer_norm_eps": 1e-6}
   for pattern, fields in TIMM_FAMILIES:
     if re.search(pattern, parsed["base"]):
       out.update(fields)
+  if out.get("rope") and re.search(_REF_IS_NATIVE, parsed["base"]):
+    grid = parsed["image_size"] // parsed["patch_size"]
+    out["rope_ref_grid"] = (grid, grid)
   return out
 
 
@@ -361,30 +732,59 @@ def timm_preprocessing_cfg(name: str) -> Dict[str, Any]:
 
 
 _HF_ACTS = {"gelu": "gelu", "quick_gelu": "quick_gelu", "gelu_new": "gelu_tanh",
-            "gelu_pytorch_tanh": "gelu_tanh", "gelu_fast": "gelu_tanh"}
+            "gelu_pytorch_tanh": "gelu_tanh", "gelu_fast": "gelu_tanh",
+            "silu": "silu", "swish": "silu"}
 
 
 # transformers' defaults per layout (their configs' defaults): act, epsilon.
 _HF_DEFAULTS = {"transformers": ("gelu", 1e-12),
                 "transformers_dinov2": ("gelu", 1e-6),
+                "transformers_dinov2_reg": ("gelu", 1e-6),
+                "transformers_dinov3": ("gelu", 1e-5),
                 "transformers_clip": ("quick_gelu", 1e-5),
-                "transformers_siglip": ("gelu_pytorch_tanh", 1e-6)}
+                "transformers_siglip": ("gelu_pytorch_tanh", 1e-6),
+                "transformers_aimv2": ("silu", 1e-5)}
 
 
 def transformers_hints(config: Mapping[str, Any], layout: str) -> Dict[str, Any]:
-  """The fields a Hugging Face ``config.json`` gives (a CLIP or SigLIP
-  config's ``vision_config``): activation, LayerNorm epsilon, heads."""
+  """The fields a Hugging Face ``config.json`` gives (a CLIP, SigLIP or
+  AIMv2 config's ``vision_config``): activation, norm epsilon, heads; for
+  DINOv3 its RoPE (``rope_theta``) and train-time coordinate augmentations
+  (``pos_embed_shift`` / ``_jitter`` / ``_rescale``: only in training, as
+  transformers); for DINOv2 with registers, that the position embedding
+  covers the class token only."""
   config = config.get("vision_config") or config
   act, eps = _HF_DEFAULTS[layout]
   act = config.get("hidden_act", act)
   if act not in _HF_ACTS:
     raise ValueError(f"config.json hidden_act={act!r} is not supported; "
                      f"supported: {sorted(_HF_ACTS)}")
+  eps_key = "rms_norm_eps" if layout == "transformers_aimv2" else "layer_norm_eps"
   out = dict(act=_HF_ACTS[act],
-             layer_norm_eps=float(config.get("layer_norm_eps", eps)))
+             layer_norm_eps=float(config.get(eps_key, eps)))
+  if layout.startswith("transformers_dinov2") and config.get("use_swiglu_ffn"):
+    out["act"] = "silu"  # the SwiGLU's gate, whatever hidden_act says
   if "num_attention_heads" in config:
     out["num_heads"] = int(config["num_attention_heads"])
   if config.get("pooler_act", "tanh") != "tanh":
     raise ValueError(f"config.json pooler_act={config['pooler_act']!r}: only "
                      f"the tanh pooler of ViTModel is supported")
+  if layout == "transformers_dinov3":
+    out.update(rope="dinov3",
+               rope_temperature=float(config.get("rope_theta", 100.0)),
+               abs_pos_embed=False)
+    for key, field in (("pos_embed_shift", "rope_shift"),
+                       ("pos_embed_jitter", "rope_jitter"),
+                       ("pos_embed_rescale", "rope_rescale")):
+      value = config.get(key, 2.0 if key == "pos_embed_rescale" else None)
+      if value is not None:
+        out[field] = float(value)
+  if layout == "transformers_dinov2_reg":
+    out["no_embed_registers"] = True
+  if layout == "transformers_aimv2":
+    if config.get("is_native"):
+      raise ValueError("config.json is_native=True: AIMv2's native-resolution "
+                       "tower (a fixed 2-D sin-cos position embedding) is not "
+                       "supported; the fixed-resolution towers are.")
+    out["classifier"] = "gap"
   return out

@@ -14,6 +14,10 @@ expects, so they cannot drift apart:
 * :func:`expected`: our flat *shapes* (the model's ``eval_shape`` tree) ->
   their keys and shapes, for the one checker.
 
+A tensor of ours may be several of theirs (a packed gated MLP's
+``Dense_0`` is transformers' ``gate_proj`` and ``up_proj``): each of those
+rows holds a :func:`part` op, and the parts are joined on the way in.
+
 Our flat paths name the collection first (``params/embedding/kernel``).
 """
 
@@ -42,6 +46,7 @@ class Op:
   to_ours: Callable[[np.ndarray, int], List[np.ndarray]]
   to_theirs: Callable[[List[np.ndarray]], np.ndarray]
   shape: Callable[[List[Tuple[int, ...]]], Tuple[int, ...]]
+  part: Optional[Tuple[int, int, int]] = None  # (index, count, our axis)
 
 
 def _t(s):
@@ -82,6 +87,23 @@ def fused(op: Op, n: int) -> Op:
             lambda o: np.concatenate([op.to_theirs([x]) for x in o]), shape)
 
 
+def part(op: Op, index: int, count: int, axis: int = -1) -> Op:
+  """Theirs is part ``index`` of ``count`` equal slices of ours along
+  ``axis`` (in our layout): transformers' ``gate_proj`` / ``up_proj`` of a
+  packed gated MLP. The slices are joined in order on the way in."""
+  def take(o):
+    n = o.shape[axis] // count
+    return np.take(o, np.arange(index * n, (index + 1) * n), axis=axis)
+
+  def shape(s):
+    s = list(s[0])
+    s[axis] //= count
+    return op.shape([tuple(s)])
+  return Op(f"part{index}/{count}({op.name})", op.to_ours,
+            lambda o: op.to_theirs([take(o[0])]), shape,
+            part=(index, count, axis))
+
+
 def expand(k: int) -> Op:
   """Theirs without ``k`` leading unit axes (Hugging Face CLIP's
   ``class_embedding`` (D,) for our ``cls`` (1, 1, D))."""
@@ -114,10 +136,22 @@ def zeros(shape_of) -> Op:
 
 @dataclasses.dataclass(frozen=True)
 class Row:
+  """``theirs`` <-> ``ours`` by ``op``. ``when`` (on our flat tree) says
+  whether the row is written out (None: whenever its paths exist; a row
+  only read, of a legacy name, says never); ``heads`` names the head count
+  a multi-head op splits by (``'model'``, or ``'map'`` for a MAP head with
+  its own)."""
+
   theirs: str
   ours: Tuple[str, ...]
   op: Op = RAW
   when: Optional[Callable[[Mapping[str, Any]], bool]] = None  # on our tree
+  heads: str = "model"
+
+
+def never(flat) -> bool:  # pylint: disable=unused-argument
+  """``Row.when`` of a row that is read but never written (legacy names)."""
+  return False
 
 
 @dataclasses.dataclass(frozen=True)
@@ -238,14 +272,17 @@ def canonical(layout: Layout, state_dict: Mapping[str, Any]) -> Dict[str, Any]:
 
 
 def to_ours(layout: Layout, state_dict: Mapping[str, np.ndarray],
-            num_heads: int) -> Tuple[Dict[str, np.ndarray], List[str]]:
+            num_heads) -> Tuple[Dict[str, np.ndarray], List[str]]:
   """Their (canonical-key) state dict -> (our flat tree, keys no row maps).
 
-  A tensor whose shape cannot be mapped (e.g. a fused q/k/v weight whose
-  first axis is not divisible by 3) is left out; the checker then names it
-  as mis-shaped."""
+  ``num_heads``: the heads multi-head ops split by, an int or ``{'model':
+  .., 'map': ..}`` (see :class:`Row`). A tensor whose shape cannot be mapped
+  (e.g. a fused q/k/v weight whose first axis is not divisible by 3) is left
+  out; the checker then names it as mis-shaped, as it names a missing part
+  of a tensor of ours."""
   matchers = [(_regex(r.theirs), r) for r in layout.flat_rows()]
   flat: Dict[str, np.ndarray] = {}
+  parts: Dict[str, Dict[int, np.ndarray]] = {}
   unmatched = []
   for key, value in state_dict.items():
     for rx, row in matchers:
@@ -255,12 +292,22 @@ def to_ours(layout: Layout, state_dict: Mapping[str, np.ndarray],
     else:
       unmatched.append(key)
       continue
+    heads = (num_heads.get(row.heads, num_heads["model"])
+             if isinstance(num_heads, Mapping) else num_heads)
     try:
-      values = row.op.to_ours(np.asarray(value), num_heads)
+      values = row.op.to_ours(np.asarray(value), heads)
     except ValueError:
       continue
     for path, v in zip(row.ours, values):
-      flat[_fill(path, m.groupdict())] = v
+      path = _fill(path, m.groupdict())
+      if row.op.part is None:
+        flat[path] = v
+      else:
+        parts.setdefault(path, {})[row.op.part[0]] = (v, row.op.part)
+  for path, got in parts.items():
+    count, axis = next(iter(got.values()))[1][1:]
+    if len(got) == count:
+      flat[path] = np.concatenate([got[i][0] for i in range(count)], axis)
   return flat, unmatched
 
 

@@ -28,7 +28,7 @@ from vit_jax.models import interpolate
 from vit_jax import models
 from vit_jax.weights import trees
 
-METHODS = ("torchvision", "timm")
+METHODS = ("torchvision", "timm", "radio", "radio_ac")
 
 
 def _matrix(method: str, n_in: int, n_out: int, dtype) -> np.ndarray:
@@ -36,6 +36,8 @@ def _matrix(method: str, n_in: int, n_out: int, dtype) -> np.ndarray:
     return interpolate.bicubic_matrix(n_in, n_out, np.dtype(dtype).type)
   if method == "timm":
     return interpolate.aa_bicubic_matrix(n_in, n_out)
+  if method in ("radio", "radio_ac"):
+    return interpolate.bilinear_matrix(n_in, n_out, method == "radio_ac")
   raise ValueError(f"method={method!r}: expected one of {METHODS}")
 
 
@@ -55,7 +57,10 @@ def resample_posemb(posemb, new_grid, *, num_prefix_tokens: int = 1,
 
   ``method='torchvision'``: bicubic with ``align_corners=True``, the same
   numbers as torchvision's ``interpolate_embeddings``; ``'timm'``: timm's
-  ``resample_abs_pos_embed`` (antialiased bicubic). Prefix (class, register)
+  ``resample_abs_pos_embed`` (antialiased bicubic); ``'radio'`` /
+  ``'radio_ac'``: RADIO's (timm's ``_convert_radio``): bilinear without
+  antialiasing (``align_corners`` False / True) to the square of the larger
+  side, then the top-left ``new_grid`` cropped. Prefix (class, register)
   rows are kept. ``new_grid`` is an int (square) or (height, width) in
   patches; ``old_grid`` defaults to the square the patch rows form.
   """
@@ -74,33 +79,40 @@ def resample_posemb(posemb, new_grid, *, num_prefix_tokens: int = 1,
     return posemb
   d = grid.shape[-1]
   img = grid.reshape(gh, gw, d).astype(np.float64)
-  img = interpolate.resize_2d(img, _matrix(method, gh, nh, posemb.dtype),
-                             _matrix(method, gw, nw, posemb.dtype))
-  img = img.reshape(1, nh * nw, d).astype(posemb.dtype)
+  th, tw = (nh, nw) if not method.startswith("radio") else (max(nh, nw),) * 2
+  img = interpolate.resize_2d(img, _matrix(method, gh, th, posemb.dtype),
+                             _matrix(method, gw, tw, posemb.dtype))
+  img = img[:nh, :nw].reshape(1, nh * nw, d).astype(posemb.dtype)
   return np.concatenate([prefix, img], axis=1)
 
 
 def resize_posemb(variables, image_size, patch_size: Optional[int] = None,
                   num_prefix_tokens: Optional[int] = None, *,
                   method: str = "torchvision",
-                  old_grid: Optional[Tuple[int, int]] = None):
+                  old_grid: Optional[Tuple[int, int]] = None,
+                  remainder_ok: bool = False):
   """Returns ``variables`` with the position embedding resampled for
   ``image_size`` (int or (H, W)). ``patch_size`` defaults to the embedding
   conv's kernel (pass it for a conv-stem model, or the new patch size when
   the kernel is resampled too); ``num_prefix_tokens`` (the embedding's rows
   that are not patches) to the class token and registers the tree has (pass
   0 for a ``no_embed_class`` model). ``method`` and ``old_grid``: as
-  :func:`resample_posemb`."""
+  :func:`resample_posemb`. ``remainder_ok``: a size that is not a multiple
+  of the patch gets the grid of its whole patches (timm's convolution leaves
+  the remainder out). A tree without a position embedding (DINOv3) comes
+  back as it is."""
   params = trees.params_of(variables)
+  if "posembed_input" not in params.get("Transformer", {}):
+    return variables
   if patch_size is None:
     patch_size = int(np.shape(params["embedding"]["kernel"])[0])
   h, w = models.pair(image_size)
-  if h % patch_size or w % patch_size:
+  if (h % patch_size or w % patch_size) and not remainder_ok:
     raise ValueError(f"image_size {h}x{w} is not divisible by the patch size "
                      f"{patch_size}")
   pe = params["Transformer"]["posembed_input"]["pos_embedding"]
   if num_prefix_tokens is None:  # the tree's class token and registers
-    num_prefix_tokens = int("cls" in params) + (
+    num_prefix_tokens = int("cls" in params) + int("dist" in params) + (
         int(np.shape(params["registers"])[1]) if "registers" in params else 0)
     rows = int(np.shape(pe)[1])
     if _is_square(rows) and not _is_square(rows - num_prefix_tokens):

@@ -157,31 +157,53 @@ def arch_of(variables, *, conv_stem=None, patch_size=None,
   try:
     attn = blk["MultiHeadDotProductAttention_0"]
     q = shape(attn["query"]["kernel"])
-    mlp = shape(blk["MlpBlock_0"]["Dense_0"]["kernel"])[-1]
-    mlp_in = shape(blk["MlpBlock_0"]["Dense_1"]["kernel"])[0]
+    mlp_block = blk["MlpBlock_0"]
+    mlp = shape(mlp_block["Dense_0"]["kernel"])[-1]
+    mlp_in = shape(mlp_block["Dense_1"]["kernel"])[0]
+    norm0 = blk["LayerNorm_0"]
   except (KeyError, TypeError) as e:
     raise ValueError(f"encoderblock_0 is not a ViT block (missing {e}); it "
                      f"has {sorted(blk)}") from None
-  if mlp == 2 * mlp_in:
-    raise ValueError(
-        f"The MLP's first layer is {mlp} wide and its second takes {mlp_in}: "
-        f"a SwiGLU (packed gated) MLP, as DINOv2 giant's. vit_jax's MLP is "
-        f"Dense -> GELU -> Dense; SwiGLU is not supported.")
+  gated = ("split" if "Gate_0" in mlp_block else
+           "packed" if mlp == 2 * mlp_in else None)
   emb = np.shape(p["embedding"]["kernel"])
   arch: Dict[str, Any] = dict(
       hidden_size=int(emb[-1]), num_layers=depth, num_heads=int(q[1]),
-      mlp_dim=int(mlp), patch_size=int(emb[0]),
-      qkv_bias="bias" in attn["query"], patch_bias="bias" in p["embedding"],
+      mlp_dim=int(mlp_in), patch_size=int(emb[0]),
+      qkv_bias="bias" in attn["query"],
+      key_bias="bias" in attn["key"] or "bias" not in attn["query"],
+      proj_bias="bias" in attn["out"],
+      patch_bias="bias" in p["embedding"],
       # Any value: loaded weights overwrite the initial scale.
       layer_scale_init=1e-5 if "LayerScale_0" in blk else None,
       pre_norm="pre_norm" in tr, fc_norm="fc_norm" in p,
-      num_registers=int(np.shape(p["registers"])[1]) if "registers" in p else 0)
+      final_norm="encoder_norm" in tr or "fc_norm" in p,
+      num_registers=int(np.shape(p["registers"])[1]) if "registers" in p else 0,
+      # An RMSNorm is a norm with a scale and no bias.
+      norm_type="layer" if "bias" in norm0 else "rms",
+      patch_norm="embedding_norm" in p, qk_norm="query_ln" in attn,
+      attn_norm="inner_norm" in attn, gated_mlp=gated,
+      mlp_norm="LayerNorm_0" in mlp_block, distilled="dist" in p,
+      abs_pos_embed="posembed_input" in tr)
+  if gated:
+    arch["act"] = "silu"  # every released SwiGLU gates by SiLU
   if "MAPHead_0" in p:
     arch["classifier"] = "map"
+    mh = p["MAPHead_0"]
+    arch["map_heads"] = int(np.shape(
+        mh["MultiHeadDotProductAttention_0"]["query"]["kernel"])[1])
+    arch["map_mlp_dim"] = int(np.shape(mh["MlpBlock_0"]["Dense_0"]["kernel"])[-1])
+    if arch["map_heads"] == arch["num_heads"]:
+      arch["map_heads"] = None
+    if arch["map_mlp_dim"] == arch["mlp_dim"]:
+      arch["map_mlp_dim"] = None
   elif "cls" in p:
     arch["classifier"] = "token"
   else:
     arch["classifier"] = "gap"
+  # Stated, so that a name's pooling (DINOv3 averages the patches beside
+  # its class token) keeps the token.
+  arch["class_token"] = "cls" in p
 
   stems = sorted((k for k in p if k.startswith("stem_convs_")),
                  key=lambda k: int(k.rsplit("_", 1)[1]))
@@ -200,9 +222,13 @@ def arch_of(variables, *, conv_stem=None, patch_size=None,
                                  else None)
 
   # The position embedding has a row per patch, and one per prefix token
-  # unless the prefix tokens get none (no_embed_class).
+  # unless the prefix tokens get none (no_embed_class), or only the class
+  # token does (transformers' DINOv2 with registers).
+  arch["no_embed_class"] = False
+  if not arch["abs_pos_embed"]:
+    return arch
   rows = int(np.shape(tr["posembed_input"]["pos_embedding"])[1])
-  prefix = int(arch["classifier"] == "token") + arch["num_registers"]
+  prefix = int("cls" in p) + int(arch["distilled"]) + arch["num_registers"]
   grid = None
   if image_size is not None:
     h, w = models.pair(image_size)
@@ -213,17 +239,34 @@ def arch_of(variables, *, conv_stem=None, patch_size=None,
     no_embed_class = (prefix > 0 and _is_square(rows) and
                       not _is_square(rows - prefix))
   arch["no_embed_class"] = bool(no_embed_class)
+  registers = arch["num_registers"]
+  if (not no_embed_class and registers and prefix - registers > 0 and
+      ((grid is not None and rows == grid + prefix - registers) or
+       (grid is None and _is_square(rows - prefix + registers) and
+        not _is_square(rows - prefix)))):
+    arch["no_embed_registers"] = True
   return arch
 
 
 def native_image_size(variables, model) -> Optional[int]:
   """The square input size the position embedding was made for (None when
-  its patch rows do not form a square)."""
+  its patch rows do not form a square, or there is none)."""
   p = params_of(variables)
+  if "posembed_input" not in p["Transformer"]:
+    return None
   rows = int(np.shape(p["Transformer"]["posembed_input"]["pos_embedding"])[1])
-  patches = rows if model.no_embed_class else rows - model.num_prefix_tokens
+  patches = rows - pos_prefix_rows(model)
   side = int(round(np.sqrt(max(patches, 0))))
   return side * model.patch_size if side * side == patches else None
+
+
+def pos_prefix_rows(model) -> int:
+  """The rows of ``model``'s position embedding that are not patches."""
+  if model.no_embed_class:
+    return 0
+  if model.no_embed_registers:
+    return model.num_prefix_tokens - model.num_registers
+  return model.num_prefix_tokens
 
 
 def _stem(pairs, conv_stem, patch_size):
@@ -276,9 +319,18 @@ def describe(arch: Mapping[str, Any], name: Optional[str] = None,
   for key, what in (("num_registers", "registers"),):
     if arch.get(key):
       parts.append(f"{arch[key]} {what}")
-  for key in ("layer_scale_init", "pre_norm", "fc_norm", "no_embed_class"):
+  if arch.get("rope"):
+    parts.append(f"RoPE {arch['rope']!r}")
+  if arch.get("gated_mlp"):
+    parts.append(f"gated MLP ({arch['gated_mlp']})")
+  if arch.get("norm_type", "layer") != "layer":
+    parts.append(f"{arch['norm_type']} norm")
+  for key in ("layer_scale_init", "pre_norm", "fc_norm", "no_embed_class",
+              "distilled", "patch_norm", "qk_norm", "mlp_norm"):
     if arch.get(key):
       parts.append(key.replace("_init", "").replace("_", " "))
+  if arch.get("abs_pos_embed", True) is False:
+    parts.append("no position embedding")
   if arch.get("act", "gelu") != "gelu":
     parts.append(arch["act"])
   if arch.get("representation_size"):
