@@ -322,17 +322,6 @@ class VisionTransformer(nn.Module):
           f"height, width, {c}), got shape {shape}.{hint}")
     h, w = shape[1], shape[2]
     p = self.patch_size
-    built_for = (pair(self.image_size) == (h, w)
-                 if self.image_size is not None else False)
-    if (h % p or w % p) and not self.dynamic_img_pad and not built_for:
-      raise ValueError(
-          f"Image size {h}x{w} is not divisible by the patch size {p}: "
-          f"expected height and width that are multiples of {p} (e.g. "
-          f"{max(p, h // p * p)}x{max(p, w // p * p)}), or a model with "
-          f"dynamic_img_pad=True. (A model built with image_size="
-          f"{h if h == w else (h, w)} for "
-          f"a size that is not a multiple, as SigLIP so400m/14 at 384, "
-          f"leaves the last {h % p} pixels out as timm's convolution does.)")
     if self.image_size is not None and not self.dynamic_img_size:
       want = pair(self.image_size)
       if (h, w) != want:
@@ -342,6 +331,16 @@ class VisionTransformer(nn.Module):
             f"(vit_jax.convert.resize_posemb) and set image_size to use "
             f"another resolution, or build the model with "
             f"dynamic_img_size=True.")
+    built_for = (self.image_size is not None and
+                 pair(self.image_size) == (h, w))
+    if (h % p or w % p) and not self.dynamic_img_pad and not built_for:
+      raise ValueError(
+          f"Image size {h}x{w} is not divisible by the patch size {p}: "
+          f"expected height and width that are multiples of {p} (e.g. "
+          f"{max(p, h // p * p)}x{max(p, w // p * p)}), or a model with "
+          f"dynamic_img_pad=True. (A released model at such a size, as "
+          f"SigLIP so400m/14 at 384, is built with that image_size: its "
+          f"convolution leaves the remainder out, as timm's does.)")
     if not jnp.issubdtype(images.dtype, jnp.floating):
       raise ValueError(
           f"Expected float images (normalised), got dtype {images.dtype}.")

@@ -203,6 +203,8 @@ def _arch(variables, name, overrides, hints, image_size_hint=None):
   for k, v in hints.items():
     if k != "num_heads":
       arch[k] = v
+  if arch.get("classifier") == "token":  # the class token is required: a
+    arch["class_token"] = None  # tree without one is missing a key
   stated = {k: overrides[k] for k in _SIZE_FIELDS
             if overrides.get(k) is not None}
   if new_patch_size(arch, overrides) is not None:

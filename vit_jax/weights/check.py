@@ -47,18 +47,44 @@ def shapes(flat: Mapping[str, object]) -> dict:
 def expected(model, image_size=None) -> dict:
   """Flat ``{path: shape}`` of every variable ``model`` has (per-layer
   layout), for square ``image_size`` inputs (default: the model's own, or
-  224). Nothing is computed."""
+  224). Nothing is computed; the blocks are traced once (as a scan) and
+  their shapes laid out per layer, so a 40-block model checks as fast as a
+  1-block one."""
   import jax  # pylint: disable=import-outside-toplevel
   import jax.numpy as jnp  # pylint: disable=import-outside-toplevel
   from vit_jax import models  # pylint: disable=import-outside-toplevel
 
   h, w = models.pair(image_size or model.image_size or 224)
   x = jax.ShapeDtypeStruct((1, h, w, model.num_channels), jnp.float32)
-  ref = model.clone(scan_layers=False, remat_policy=None)
+  ref = model.clone(scan_layers=True, remat_policy=None)
+  if model.image_size is not None and not model.dynamic_img_size:
+    ref = ref.clone(image_size=(h, w))
   tree = jax.eval_shape(lambda x: ref.init(jax.random.key(0), x, train=False),
                         x)
   tree = {k: v for k, v in tree.items() if k != "intermediates"}
-  return {k: tuple(v.shape) for k, v in trees.flatten(tree).items()}
+  flat = {k: tuple(v.shape) for k, v in trees.flatten(tree).items()}
+  stacked = "/Transformer/encoderblock/"
+  out, layers = {}, []
+  for k, shape in flat.items():
+    if stacked not in k:
+      out[k] = shape
+      continue
+    if not layers:  # the blocks, in their place among the other keys
+      out[stacked] = None
+    layers.append((k, shape))
+  if not layers:
+    return out
+  blocks = {}
+  for i in range(model.num_layers):
+    for k, shape in layers:
+      blocks[k.replace(stacked, f"/Transformer/encoderblock_{i}/")] = shape[1:]
+  result = {}
+  for k, v in out.items():
+    if k == stacked:
+      result.update(blocks)
+    else:
+      result[k] = v
+  return result
 
 
 def check(model, variables, image_size=None,

@@ -190,13 +190,14 @@ def arch_of(variables, *, conv_stem=None, patch_size=None,
   if "MAPHead_0" in p:
     arch["classifier"] = "map"
     mh = p["MAPHead_0"]
-    arch["map_heads"] = int(np.shape(
-        mh["MultiHeadDotProductAttention_0"]["query"]["kernel"])[1])
-    arch["map_mlp_dim"] = int(np.shape(mh["MlpBlock_0"]["Dense_0"]["kernel"])[-1])
-    if arch["map_heads"] == arch["num_heads"]:
-      arch["map_heads"] = None
-    if arch["map_mlp_dim"] == arch["mlp_dim"]:
-      arch["map_mlp_dim"] = None
+    try:  # a damaged head is the checker's to report, by name
+      heads = int(np.shape(
+          mh["MultiHeadDotProductAttention_0"]["query"]["kernel"])[1])
+      width = int(np.shape(mh["MlpBlock_0"]["Dense_0"]["kernel"])[-1])
+    except (KeyError, TypeError, IndexError):
+      heads, width = arch["num_heads"], arch["mlp_dim"]
+    arch["map_heads"] = None if heads == arch["num_heads"] else heads
+    arch["map_mlp_dim"] = None if width == arch["mlp_dim"] else width
   elif "cls" in p:
     arch["classifier"] = "token"
   else:
