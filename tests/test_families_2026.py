@@ -457,3 +457,105 @@ def test_dinov3_7b_under_an_fsdp_mesh():
   assert res["params"] == want == 6_716_030_976
   assert res["opt"] == 2 * want + 1  # AdamW's two moments and its count
   assert res["sharded_params"] > 0.999 * want
+
+
+# ---------------------------------------------------------------------------
+# transformers' own layouts: DINOv3ViTModel, Dinov2WithRegistersModel (and
+# DINOv2 giant's SwiGLU in Dinov2Model), Aimv2VisionModel.
+# ---------------------------------------------------------------------------
+
+def _hf_tower(kind, seed=0):
+  transformers = pytest.importorskip("transformers")
+  torch.manual_seed(seed)
+  if kind.startswith("dinov3"):
+    gated = kind == "dinov3_gated"
+    m = transformers.DINOv3ViTModel(transformers.DINOv3ViTConfig(
+        hidden_size=128, num_hidden_layers=2, num_attention_heads=2,
+        intermediate_size=256, patch_size=16, num_register_tokens=4,
+        use_gated_mlp=gated, hidden_act="silu" if gated else "gelu"))
+    grid = (3, 5)
+  elif kind.startswith("dinov2"):
+    cls, conf = ((transformers.Dinov2WithRegistersModel,
+                  transformers.Dinov2WithRegistersConfig)
+                 if kind == "dinov2_reg" else
+                 (transformers.Dinov2Model, transformers.Dinov2Config))
+    m = cls(conf(hidden_size=96, num_hidden_layers=2, num_attention_heads=3,
+                 mlp_ratio=4, use_swiglu_ffn=True, image_size=56,
+                 patch_size=14))
+    grid = (4, 4)
+  else:
+    m = transformers.Aimv2VisionModel(transformers.Aimv2VisionConfig(
+        hidden_size=128, num_hidden_layers=2, num_attention_heads=2,
+        intermediate_size=256, image_size=56, patch_size=14, use_head=False))
+    grid = (4, 4)
+  return perturb_torch(m, seed, std=0.1, weights_only=True), grid
+
+
+@pytest.mark.parametrize("kind", ["dinov3", "dinov3_gated", "dinov2_reg",
+                                  "dinov2", "aimv2"])
+def test_transformers_towers_both_ways(kind, tmp_path):
+  m, grid = _hf_tower(kind)
+  p = m.config.patch_size
+  x = images(2, grid[1] * p, seed=4, height=grid[0] * p)
+  model, variables = formats.from_transformers(m)
+  with torch.no_grad():
+    out = m(pixel_values=torch_in(x))
+  with jax.default_matmul_precision("highest"):
+    feats = apply(model, variables, x, method=model.forward_features)
+    pooled = apply(model, variables, x)
+  rel = assert_close_rel(feats, out.last_hidden_state.numpy(),
+                         what="last_hidden_state")
+  if out.pooler_output is not None:
+    assert_close_rel(pooled, out.pooler_output.numpy(), what="pooler_output")
+  print(f"\nPARITY transformers {type(m).__name__} ({kind}): "
+        f"last_hidden_state rel {rel.rel:.2g}")
+  back = formats.to_transformers(variables)
+  fresh, _ = _hf_tower(kind, seed=1)
+  fresh.load_state_dict(back, strict=True)
+  for k, v in m.state_dict().items():
+    if k != "embeddings.mask_token":  # masked-image training only: zeros
+      assert torch.equal(back[k], v), k
+  # save_pretrained's directory (the Hub's names and config.json).
+  m.save_pretrained(tmp_path)
+  loaded = weights_load(str(tmp_path))
+  assert_close_rel(apply(loaded.model, loaded.variables, x,
+                         method=loaded.model.forward_features),
+                   out.last_hidden_state.numpy(), what="from the directory")
+
+
+def weights_load(src, **kw):
+  import warnings  # pylint: disable=import-outside-toplevel
+  from vit_jax import weights  # pylint: disable=import-outside-toplevel
+  with warnings.catch_warnings():  # no preprocessor_config.json: a guess
+    warnings.simplefilter("ignore", weights.GuessWarning)
+    return weights.load(src, **kw)
+
+
+def test_timm_and_transformers_dinov2_giant_trees_cross_over():
+  """timm's DINOv2 giant with registers (the class token's position folded
+  into the token) exports to transformers' Dinov2WithRegistersModel (a zero
+  position row for it), and back into timm's: the same function."""
+  transformers = pytest.importorskip("transformers")
+  name = "vit_giant_patch14_reg4_dinov2"
+  m = timm_model(name, dict(embed_dim=96, num_heads=3), grid=(4, 4),
+                 num_classes=0)
+  _, variables = ours(m, name, dict(num_heads=3))
+  hf = transformers.Dinov2WithRegistersModel(
+      transformers.Dinov2WithRegistersConfig(
+          hidden_size=96, num_hidden_layers=DEPTH, num_attention_heads=3,
+          mlp_ratio=4, use_swiglu_ffn=True, image_size=56, patch_size=14,
+          layerscale_value=1.0))
+  hf.load_state_dict(formats.to_transformers(variables), strict=True)
+  x = _x(name, (4, 4), seed=5)
+  with torch.no_grad():
+    ref = m.forward_features(torch_in(x)).numpy()
+    got = hf(pixel_values=torch_in(x)).last_hidden_state.numpy()
+  assert_close_rel(got, ref, what="transformers from timm's tree")
+  model, v2 = formats.from_transformers(hf)
+  assert model.no_embed_registers and model.gated_mlp == "packed"
+  back = formats.to_timm(v2)
+  timm_model(name, dict(embed_dim=96, num_heads=3), grid=(4, 4),
+             num_classes=0, seed=1).load_state_dict(back, strict=True)
+  for k, v in m.state_dict().items():
+    np.testing.assert_allclose(back[k].numpy(), v.numpy(), rtol=0,
+                               atol=1e-6, err_msg=k)

@@ -18,7 +18,7 @@ import numpy as np
 
 from vit_jax.weights.mapping import (
     DENSE, HEADS, HEADS_BIAS, RAW, Layout, Repeat, Row, const, conv, dense,
-    expand, fused_qkv, never, norm, out_proj, part, split_qkv, zeros)
+    expand, fused_qkv, norm, out_proj, part, split_qkv, zeros)
 
 E = "params/Transformer/encoderblock_{i}/"  # our block
 ATTN = E + "MultiHeadDotProductAttention_0"
@@ -329,10 +329,6 @@ def _hf_swiglu(prefix: str, names=("gate_proj", "up_proj", "down_proj")):
           *dense(f"{prefix}{up}.", _PACKED))),
       *(dataclasses.replace(r, when=lambda f: mlp_kind(f) is not None)
         for r in dense(f"{prefix}{down}.", E + "MlpBlock_0/Dense_1")),
-      # Hub files (transformers v4): the packed weights_in / weights_out.
-      *(dataclasses.replace(r, when=never) for r in (
-          *dense(prefix + "weights_in.", _PACKED),
-          *dense(prefix + "weights_out.", E + "MlpBlock_0/Dense_1"))),
   )
 
 
@@ -366,19 +362,24 @@ _HF_DINOV2_ALIASES = (
     (r"^module\.", ""), (r"^dinov2(_with_registers)?\.", ""),
     (r"\.attention\.attention\.(q|k|v)[a-z]*\.", r".attention.\1_proj."),
     (r"\.attention\.output\.dense\.", ".attention.o_proj."),
+    (r"\.mlp\.weights_out\.", ".mlp.down_proj."),  # Hub files' SwiGLU
 )
+# Hub files keep the SwiGLU's gate and up projections in one weights_in,
+# which transformers chunks on load (its conversion_mapping): so do we.
+_HF_DINOV2_CHUNKS = (
+    (r"\.mlp\.weights_in\.", (".mlp.gate_proj.", ".mlp.up_proj.")),)
 
 TRANSFORMERS_DINOV2 = Layout(
     "transformers_dinov2", rows=_hf_dinov2_rows(registers=False),
-    aliases=_HF_DINOV2_ALIASES, unsupported=(
+    aliases=_HF_DINOV2_ALIASES, chunks=_HF_DINOV2_CHUNKS, unsupported=(
         ("register_tokens", "registers: a Dinov2WithRegistersModel (its "
          "config.json's model_type 'dinov2_with_registers')"),
     ), fixed=(("classifier", "token"),))
 
 TRANSFORMERS_DINOV2_REG = Layout(
     "transformers_dinov2_reg", rows=_hf_dinov2_rows(registers=True),
-    aliases=_HF_DINOV2_ALIASES, fixed=(("classifier", "token"),),
-    resample="timm")
+    aliases=_HF_DINOV2_ALIASES, chunks=_HF_DINOV2_CHUNKS,
+    fixed=(("classifier", "token"),), resample="timm")
 
 # transformers' DINOv3 (DINOv3ViTModel): no position embedding (RoPE), q/v
 # biases without a key bias, LayerScale, an optional SwiGLU (split).

@@ -137,8 +137,8 @@ def zeros(shape_of) -> Op:
 @dataclasses.dataclass(frozen=True)
 class Row:
   """``theirs`` <-> ``ours`` by ``op``. ``when`` (on our flat tree) says
-  whether the row is written out (None: whenever its paths exist; a row
-  only read, of a legacy name, says never); ``heads`` names the head count
+  whether the row is written out (None: whenever its paths exist; two rows
+  of ours written under different names say which is whose); ``heads`` names the head count
   a multi-head op splits by (``'model'``, or ``'map'`` for a MAP head with
   its own)."""
 
@@ -147,11 +147,6 @@ class Row:
   op: Op = RAW
   when: Optional[Callable[[Mapping[str, Any]], bool]] = None  # on our tree
   heads: str = "model"
-
-
-def never(flat) -> bool:  # pylint: disable=unused-argument
-  """``Row.when`` of a row that is read but never written (legacy names)."""
-  return False
 
 
 @dataclasses.dataclass(frozen=True)
@@ -167,7 +162,10 @@ class Layout:
   """A PyTorch-side naming of our tree.
 
   ``aliases``: (regex, replacement) applied to incoming keys (legacy names,
-  wrapper prefixes); ``unsupported``: key fragments of features we do not
+  wrapper prefixes); ``chunks``: (regex, (replacement, ...)) for an incoming
+  tensor that is several of the layout's, split along its first axis
+  (transformers' Hub files keep DINOv2's SwiGLU ``weights_in``, which its
+  models load as ``gate_proj`` and ``up_proj``); ``unsupported``: key fragments of features we do not
   have, with what they are (named in the error); ``fixed``: model fields
   every model of the layout has (torchvision's ViT always has a class
   token), which a damaged state dict must not change.
@@ -176,6 +174,7 @@ class Layout:
   name: str
   rows: Tuple[Any, ...]
   aliases: Tuple[Tuple[str, str], ...] = ()
+  chunks: Tuple[Tuple[str, Tuple[str, ...]], ...] = ()
   unsupported: Tuple[Tuple[str, str], ...] = ()
   fixed: Tuple[Tuple[str, Any], ...] = ()
   ignored: str = ""  # regex of keys that are not the image tower's
@@ -266,7 +265,16 @@ def canonical(layout: Layout, state_dict: Mapping[str, Any]) -> Dict[str, Any]:
   for k, v in state_dict.items():
     for pat, rep in layout.aliases:
       k = re.sub(pat, rep, k)
-    if not (layout.ignored and re.search(layout.ignored, k)):
+    if layout.ignored and re.search(layout.ignored, k):
+      continue
+    for pat, reps in layout.chunks:
+      if re.search(pat, k):
+        x = trees.to_numpy(v)
+        if x.shape[0] % len(reps) == 0:
+          for rep, part_ in zip(reps, np.split(x, len(reps), axis=0)):
+            out[re.sub(pat, rep, k)] = part_
+          break
+    else:
       out[k] = v
   return out
 
