@@ -559,3 +559,44 @@ def test_timm_and_transformers_dinov2_giant_trees_cross_over():
   for k, v in m.state_dict().items():
     np.testing.assert_allclose(back[k].numpy(), v.numpy(), rtol=0,
                                atol=1e-6, err_msg=k)
+
+
+def test_hf_hub_names_of_timm_and_the_original_repos(tmp_path, monkeypatch):
+  """``hf-hub:timm/vit_small_patch16_dinov3.lvd1689m`` (timm's repo: the
+  name in config.json decides RoPE) and the original
+  ``hf-hub:facebook/dinov3-vits16-pretrain-lvd1689m`` (transformers'
+  DINOv3ViTModel with its processor), from a local Hub cache laid out as
+  the Hub lays it out, offline; the same weights give the same features."""
+  transformers = pytest.importorskip("transformers")
+  import hf_cache  # pylint: disable=import-outside-toplevel
+  from timm.models._hub import save_for_hf  # pylint: disable=import-outside-toplevel
+  from vit_jax import weights  # pylint: disable=import-outside-toplevel
+  name = "vit_small_patch16_dinov3"
+  m = timm_model(name, grid=(4, 4), num_classes=0)
+  save_for_hf(m, str(tmp_path / "timm"), safe_serialization=True)
+  hf, _ = _hf_tower("dinov3")
+  hf.save_pretrained(tmp_path / "meta")
+  transformers.DINOv3ViTImageProcessor().save_pretrained(tmp_path / "meta")
+  cache = str(tmp_path / "hub")
+  hf_cache.put(cache, f"timm/{name}.lvd1689m", str(tmp_path / "timm"))
+  hf_cache.put(cache, "facebook/dinov3-vits16-pretrain-lvd1689m",
+               str(tmp_path / "meta"))
+  hf_cache.offline(monkeypatch, cache)
+
+  loaded = weights.load(f"hf-hub:timm/{name}.lvd1689m")
+  assert loaded.kind == "timm" and loaded.model.rope == "dinov3"
+  pre = loaded.preprocessing  # DINOv3's pretrained_cfg: ImageNet, bicubic
+  assert (pre.interpolation, pre.mean) == ("bicubic", (0.485, 0.456, 0.406))
+  x = _x(name, (3, 5), seed=9)
+  with torch.no_grad():
+    ref = m.forward_features(torch_in(x)).numpy()
+  assert_close_rel(apply(loaded.model, loaded.variables, x,
+                         method=loaded.model.forward_features), ref)
+
+  loaded = weights.load("hf-hub:facebook/dinov3-vits16-pretrain-lvd1689m")
+  assert loaded.kind == "transformers" and loaded.model.rope == "dinov3"
+  assert loaded.preprocessing.mean == (0.485, 0.456, 0.406)
+  with torch.no_grad():
+    ref = hf(pixel_values=torch_in(x)).last_hidden_state.numpy()
+  assert_close_rel(apply(loaded.model, loaded.variables, x,
+                         method=loaded.model.forward_features), ref)
