@@ -136,3 +136,41 @@ def test_a_backbone_config_states_other_sizes(tmp_path):
                      r"initial weights .* have num_heads=2"):
     train_init.model_kwargs(cfg, 10, init)
   assert isinstance(weights.CheckpointError("x"), ValueError)
+
+
+def test_dinov3_recipe_on_random_stand_in_weights(tmp_path):
+  """configs/dinov3.py's smoke run (its docstring) in the test's budget:
+  random stand-in weights of timm's DINOv3 S (one block) as safetensors,
+  the recipe's optimizer and layer decay at learning rate 0: the trained
+  workdir's backbone is timm's, RoPE and registers included."""
+  import timm  # pylint: disable=import-outside-toplevel
+  from safetensors.torch import save_file  # pylint: disable=import-outside-toplevel
+  from configs import dinov3  # pylint: disable=import-outside-toplevel
+  from train_helpers import digits_data_dir  # pylint: disable=import-outside-toplevel
+  torch.manual_seed(0)
+  m = perturb_torch(timm.create_model(
+      "vit_small_patch16_dinov3", pretrained=False, depth=1, num_classes=0),
+                    0, std=0.1, weights_only=True)
+  path = tmp_path / "dinov3_s_random.safetensors"
+  save_file({k: v.contiguous() for k, v in m.state_dict().items()}, str(path))
+  cfg = dinov3.get_config("s,digits,32")
+  for key, value in dict(
+      init_weights=str(path), data_dir=digits_data_dir(), batch_size=16,
+      eval_batch_size=64, total_steps=2, warmup_steps=1, eval_every=2,
+      log_every=1, checkpoint_every=2, learning_rate=0.0, shuffle_buffer=256,
+      write_plots=False, tensorboard=False).items():
+    cfg[key] = value
+  cfg.model.dtype = "float32"
+  cfg.pp.randaugment_layers = 0
+  cfg.lock()
+  train_loop.train_and_evaluate(cfg, str(tmp_path / "run"), devices=ONE)
+  model, variables, info = checkpoint.load_for_inference(str(tmp_path / "run"))
+  assert (model.rope, model.num_registers, model.abs_pos_embed) == (
+      "dinov3", 4, False)
+  assert info["model_name"] == "vit_small_patch16_dinov3"
+  np.testing.assert_allclose(info["mean"], (0.485, 0.456, 0.406), rtol=1e-6)
+  x = images(2, 48, seed=3)  # RoPE: any multiple of 16 runs
+  with torch.no_grad():
+    ref = m.forward_features(torch_in(x)).numpy()
+  assert_close_rel(apply(model, variables, x, method=model.forward_features),
+                   ref, what="fine-tuned DINOv3 features")

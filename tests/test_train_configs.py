@@ -11,7 +11,7 @@ from ml_collections import config_flags
 import train_helpers  # noqa: F401  (repo on sys.path)
 from vit_jax.train import optim
 
-RECIPES = ["digits", "b16", "ti16", "s16", "l16", "h14", "dinov2"]
+RECIPES = ["digits", "b16", "ti16", "s16", "l16", "h14", "dinov2", "dinov3"]
 
 
 @pytest.mark.parametrize("name", RECIPES)
@@ -56,6 +56,18 @@ def test_dinov2_recipes():
   assert c.model_name == "vit_large_patch14_reg4_dinov2"
   assert (c.dataset, c.image_size, c.linear_probe, c.optimizer) == (
       "cifar100", 448, True, "sgd")
+
+
+def test_dinov3_recipes():
+  from configs import dinov3
+  c = dinov3.get_config()
+  assert c.init_weights == "hf-hub:timm/vit_base_patch16_dinov3.lvd1689m"
+  assert c.model_name == "vit_base_patch16_dinov3" and c.layer_decay == 0.75
+  c = dinov3.get_config("splus,cifar100,probe,256")
+  assert c.model_name == "vit_small_plus_patch16_dinov3"
+  assert c.linear_probe and c.image_size == 256 and c.dataset == "cifar100"
+  with pytest.raises(ValueError, match="not a multiple of the patch size 16"):
+    dinov3.get_config("b,250")
 
 
 def test_config_file_flag_with_argument_and_locked_overrides():
