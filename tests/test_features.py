@@ -4,6 +4,7 @@ one and on four devices; the k-NN and linear probes against independent
 computations."""
 
 import json
+import os
 
 import jax
 import jax.numpy as jnp
@@ -215,3 +216,52 @@ def test_probe_errors(tmp_path):
   assert probe.main(["--train", bad, "--test", bad]) == 1
   with pytest.raises(ValueError, match="not a readable .npz"):
     probe.read(str(tmp_path / "missing.npz"))
+
+
+def test_dinov3_features_probe_and_pca_picture(data_dir, tmp_path, capsys):
+  """DINOv3 (RoPE, registers, no position embedding) from timm's weights
+  through the features CLI (pooled features and a block's patch grid),
+  the k-NN / linear probe CLI and the feature-PCA picture at a high,
+  non-square resolution (RoPE at any size; no position-embedding picture:
+  there is none)."""
+  timm = pytest.importorskip("timm")
+  import torch  # pylint: disable=import-outside-toplevel
+  from PIL import Image  # pylint: disable=import-outside-toplevel
+  from compare import perturb_torch  # pylint: disable=import-outside-toplevel
+  from vit_jax import visualize  # pylint: disable=import-outside-toplevel
+  from vit_jax.data import preprocessing as pp  # pylint: disable=import-outside-toplevel
+  torch.manual_seed(0)
+  m = perturb_torch(timm.create_model(
+      "vit_small_patch16_dinov3", pretrained=False, depth=2, embed_dim=32,
+      num_heads=2, num_classes=0), 0, std=0.3, weights_only=True)
+  model, variables = formats.from_timm(m.state_dict(),
+                                       "vit_small_patch16_dinov3", num_heads=2)
+  ckpt = str(tmp_path / "dinov3.safetensors")
+  formats.save_safetensors(variables, ckpt, model=model, metadata=dict(
+      preprocessing=pp.Preprocessing(32, 32, "bicubic", pp.IMAGENET_MEAN,
+                                     pp.IMAGENET_STD).as_dict()))
+  paths = {}
+  for split in ("train[:300]", "test"):
+    paths[split] = str(tmp_path / f"{split[:5]}.npz")
+    assert features.main([
+        "--checkpoint", ckpt, "--dataset", "digits", "--split", split,
+        "--data_dir", data_dir, "--out", paths[split], "--batch_size",
+        "128", "--patch_grids", "--layer", "0"]) == 0
+  emb, _, grids = reference(ckpt, data_dir, grid_layer=0)
+  with np.load(paths["test"], allow_pickle=False) as f:
+    assert f["embeddings"].shape == (NUM_TEST, 32)
+    assert f["patch_grids"].shape == (NUM_TEST, 2, 2, 32)
+    np.testing.assert_allclose(f["embeddings"], emb, rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(f["patch_grids"], grids, rtol=1e-5, atol=1e-5)
+  capsys.readouterr()
+  assert probe.main(["--train", paths["train[:300]"], "--test",
+                     paths["test"], "--knn_k", "5", "--json"]) == 0
+  r = json.loads(capsys.readouterr().out)
+  assert r["width"] == 32 and 0 <= r["linear"]["top1"] <= 1
+  Image.fromarray(np.random.default_rng(0).integers(
+      0, 256, (40, 60, 3), np.uint8)).save(tmp_path / "a.png")
+  out = str(tmp_path / "pictures")
+  assert visualize.main(["--checkpoint", ckpt, "--out", out, "--pca",
+                         "--pca_size", "64", str(tmp_path / "a.png")]) == 0
+  names = set(os.listdir(out))
+  assert "a_feature_pca.png" in names and "posemb_similarity.png" not in names

@@ -9,7 +9,8 @@ writes, per image, ``<name>_attention_layer<L>.png`` (what the class token
 attends to in layer L, one panel per head, over the image the model sees) and
 ``<name>_rollout.png`` (attention rollout across all layers, Abnar & Zuidema
 2020), and once ``posemb_similarity.png`` (cosine similarity of each patch
-position's embedding with all others, as in figure 7 of the ViT paper). With
+position's embedding with all others, as in figure 7 of the ViT paper; not
+for a model whose positions are rotary only, as DINOv3's). With
 ``--pca``, also ``<name>_feature_pca.png``: the first three principal
 components of layer L's patch features (through the final LayerNorm) as
 RGB, the picture DINOv2 made familiar. It is drawn at a high resolution
@@ -83,8 +84,12 @@ def num_prefix_tokens(model) -> int:
 
 def posemb_prefix_rows(model) -> int:
   """Rows of the position embedding before the patches' (none with
-  ``no_embed_class``)."""
-  return 0 if model.no_embed_class else num_prefix_tokens(model)
+  ``no_embed_class``; only the class token's with ``no_embed_registers``)."""
+  if model.no_embed_class:
+    return 0
+  if getattr(model, "no_embed_registers", False):
+    return num_prefix_tokens(model) - int(model.num_registers)
+  return num_prefix_tokens(model)
 
 
 def class_attention(weights: np.ndarray, grid, prefix: int) -> np.ndarray:
@@ -360,7 +365,7 @@ def visualize(loaded: inference.Loaded, image_paths: Sequence[str],
   size = loaded.image_size
   grid = (size // model.patch_size, size // model.patch_size)
   written = []
-  if posemb:
+  if posemb and getattr(model, "abs_pos_embed", True):  # DINOv3: RoPE only
     sim = posemb_similarity(loaded.variables, posemb_prefix_rows(model), grid)
     written.append(plot_posemb_similarity(
         sim, os.path.join(out_dir, "posemb_similarity.png"),
