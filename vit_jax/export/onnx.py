@@ -4,7 +4,8 @@
 The parameters go through the project's exact converters into torchvision's
 ``VisionTransformer`` (:func:`vit_jax.convert.to_torchvision_model`: class
 token, conv stem, pre-logits) or timm's (:func:`vit_jax.formats.to_timm`:
-global average pooling), both loaded with ``strict=True`` and checked
+global average pooling, and the 2026 families: timm's ``Eva`` for DINOv3,
+EVA-02 and PE, its distilled DeiT), both loaded with ``strict=True`` and checked
 against JAX on a random batch (:func:`check_twin`), behind a layer that
 takes NHWC images; ``torch.onnx.export`` (the ``torch.export``-based
 exporter) writes the graph with symbolic batch (and, with preprocessing,
@@ -120,31 +121,17 @@ def torch_model(s):
 
 
 def _timm_twin(s):
-  """timm's ``VisionTransformer`` with the architecture of ``s.model`` (every
-  family option: registers, LayerScale, no_embed_class, pre-norm, fc_norm,
-  MAP head, activation, LayerNorm epsilon), loaded with ``strict=True``."""
-  import torch  # pylint: disable=import-outside-toplevel
-  from timm.models.vision_transformer import VisionTransformer  # pylint: disable=import-outside-toplevel
-  from vit_jax import formats  # pylint: disable=import-outside-toplevel
+  """timm's model of ``s.model`` (VisionTransformer, its distilled DeiT, or
+  Eva for DINOv3 / EVA-02 / PE: every family option), loaded with
+  ``strict=True``: :func:`vit_jax.weights.timm_twin.timm_twin`."""
+  from vit_jax.weights import timm_twin  # pylint: disable=import-outside-toplevel
 
-  m = s.model
-  if m.patch_bias == m.pre_norm:  # timm: PatchEmbed(bias=not pre_norm)
+  try:
+    return timm_twin.timm_twin(s.model, s.variables, s.image_size)
+  except timm_twin.NoTwin as e:
     raise export_lib.ExportError(
-        f"timm's ViT has a patch-embedding bias exactly when it has no "
-        f"pre-norm (CLIP); this model has patch_bias={m.patch_bias}, "
-        f"pre_norm={m.pre_norm}. Use --format stablehlo or savedmodel.")
-  net = VisionTransformer(
-      img_size=s.image_size, patch_size=m.patch_size, embed_dim=m.hidden_size,
-      depth=m.num_layers, num_heads=m.num_heads,
-      mlp_ratio=m.mlp_dim / m.hidden_size, qkv_bias=m.qkv_bias,
-      class_token=m.classifier == "token", reg_tokens=m.num_registers,
-      no_embed_class=m.no_embed_class, init_values=m.layer_scale_init,
-      pre_norm=m.pre_norm, fc_norm=m.fc_norm,
-      global_pool={"token": "token", "gap": "avg", "map": "map"}[m.classifier],
-      num_classes=m.num_classes, act_layer=m.act,
-      norm_layer=functools.partial(torch.nn.LayerNorm, eps=m.layer_norm_eps))
-  net.load_state_dict(formats.to_timm(s.variables), strict=True)
-  return net.eval()
+        f"ONNX export goes through timm's model of this ViT, and {e}. Use "
+        f"--format stablehlo or savedmodel.") from None
 
 
 def check_twin(s, net, tol: float = 1e-4):
