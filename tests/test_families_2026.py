@@ -81,6 +81,7 @@ def _x(name, grid, seed=0, n=2):
 
 @pytest.mark.parametrize("name, overrides, grid", CASES, ids=IDS)
 def test_family_matches_timm_both_ways(name, overrides, grid, record_property):
+  from vit_jax.weights import timm_twin  # pylint: disable=import-outside-toplevel
   m = timm_model(name, overrides, grid)
   model, variables = ours(m, name, overrides)
   x = _x(name, grid)
@@ -88,8 +89,8 @@ def test_family_matches_timm_both_ways(name, overrides, grid, record_property):
     ref = m(torch_in(x)).numpy()
     ref_feats = m.forward_features(torch_in(x)).numpy()
   with jax.default_matmul_precision("highest"):
-    got = apply(model, variables, x)
     feats = apply(model, variables, x, method=model.forward_features)
+    got = apply(model, variables, feats, method=model.forward_head)
   rel = assert_close_rel(got, ref)
   frel = assert_close_rel(feats, ref_feats, what="forward_features")
   record_property("rel_err", rel.rel)
@@ -100,6 +101,14 @@ def test_family_matches_timm_both_ways(name, overrides, grid, record_property):
   timm_model(name, overrides, grid, seed=1).load_state_dict(back, strict=True)
   for k, v in m.state_dict().items():
     assert torch.equal(back[k], v), k
+  # timm's model rebuilt from our fields alone (ONNX export's twin) is
+  # timm's own: the same class, the same outputs.
+  p = _patch(name)
+  twin = timm_twin.timm_twin(model, variables, (grid[0] * p, grid[1] * p))
+  assert type(twin) is type(m)
+  with torch.no_grad():
+    np.testing.assert_allclose(twin(torch_in(x)).numpy(), ref, rtol=0,
+                               atol=1e-6 * np.abs(ref).max())
 
 
 def test_the_name_decides_the_rope_and_the_pooling():
