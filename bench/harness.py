@@ -55,11 +55,15 @@ class Workload:
   weight_decay: float = 0.05
   warmup: int = 2                     # untimed steps after the first one
   check_size: int = 4000              # logits compared between contestants
+  # ``name`` is a timm model name (DINOv3, EVA-02, ...): torch runs timm's
+  # model, JAX loads its weights with formats.from_timm (bench/families.py).
+  timm: bool = False
 
   def spec(self) -> Dict[str, Any]:
     from vit_jax import models  # pylint: disable=import-outside-toplevel
     d = dataclasses.asdict(self)
-    d["variant"] = dataclasses.asdict(models.decode_variant(self.name))
+    if not self.timm:
+      d["variant"] = dataclasses.asdict(models.decode_variant(self.name))
     return d
 
 

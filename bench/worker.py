@@ -76,17 +76,26 @@ def torch_main(spec):
 
   if spec.get("threads"):
     torch.set_num_threads(int(spec["threads"]))
-  v = spec["variant"]
   torch.manual_seed(spec["seed"])
-  model = torchvision.models.VisionTransformer(
-      image_size=spec["image_size"], patch_size=v["patch_size"],
-      num_layers=v["num_layers"], num_heads=v["num_heads"],
-      hidden_dim=v["hidden_size"], mlp_dim=v["mlp_dim"],
-      num_classes=spec["num_classes"])
-  # torchvision zero-initialises the head; give it weights so that the logits
-  # of the two frameworks can be compared meaningfully.
+  if spec.get("timm"):  # timm's own model of a family (bench/families.py)
+    import timm  # pylint: disable=import-outside-toplevel
+    model = timm.create_model(spec["name"], pretrained=False,
+                              num_classes=spec["num_classes"],
+                              img_size=spec["image_size"])
+    head = model.get_classifier()
+  else:
+    v = spec["variant"]
+    model = torchvision.models.VisionTransformer(
+        image_size=spec["image_size"], patch_size=v["patch_size"],
+        num_layers=v["num_layers"], num_heads=v["num_heads"],
+        hidden_dim=v["hidden_size"], mlp_dim=v["mlp_dim"],
+        num_classes=spec["num_classes"])
+    head = model.heads.head
+  # torchvision zero-initialises the head (timm scales it down); give it
+  # weights so that the logits of the two frameworks can be compared
+  # meaningfully.
   with torch.no_grad():
-    model.heads.head.weight.normal_(0.0, 0.02)
+    head.weight.normal_(0.0, 0.02)
   if spec.get("weights_out"):
     np.savez(spec["weights_out"],
              **{k: t.detach().cpu().numpy()
@@ -161,8 +170,12 @@ def jax_main(spec):
 
   with np.load(spec["weights_in"]) as f:
     state_dict = {k: f[k] for k in f.files}
-  model, variables = convert.from_torchvision(state_dict, spec["name"],
-                                              **overrides)
+  if spec.get("timm"):
+    from vit_jax import formats  # pylint: disable=import-outside-toplevel
+    model, variables = formats.from_timm(state_dict, spec["name"], **overrides)
+  else:
+    model, variables = convert.from_torchvision(state_dict, spec["name"],
+                                                **overrides)
   variables = jax.device_put(variables)
   images, labels = _inputs(spec)
   x = jnp.asarray(images)

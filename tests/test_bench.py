@@ -185,3 +185,19 @@ def test_scaling_writes_table_png_and_json(tmp_path, monkeypatch, capsys):
   assert "jax ms/img if ~FLOPs" in out
   assert out.startswith("CPU: ") and "% GEMM" in out
   assert res["machine"]["gemms"]["rates"]
+
+
+@pytest.mark.slow
+def test_families_bench_smoke():
+  """bench/families.py: timm's EVA-02-T (RoPE, SwiGLU) against ours on the
+  same weights, end to end (no speed asserted; the logits agree)."""
+  from bench import families  # pylint: disable=import-outside-toplevel
+  res = families.main([
+      "--model", "eva02_tiny_patch14_224", "--image-size", "28", "--batch",
+      "2", "--rounds", "1", "--round-seconds", "0.05", "--warmup", "0",
+      "--max-retries", "0"])
+  c = res["eva02_tiny_patch14_224"]["contestants"]
+  assert c["jax"]["img_per_sec"]["median"] > 0
+  assert c["timm"]["img_per_sec"]["median"] > 0
+  assert c["jax"]["check_max_abs_diff"] < 1e-4
+  assert "eva02_tiny_patch14_224" in families.format_table(res)

@@ -218,6 +218,10 @@ def _assumed(src: str, pre: pp.Preprocessing, what: str) -> pp.Preprocessing:
 # A timm state dict without its name: the family its structure shows, as a
 # timm name whose recipe (layouts.timm_preprocessing_cfg) stands for it.
 def _timm_family(model) -> "tuple[str, str]":
+  if model.norm_type == "rms":
+    return "AIMv2's (RMSNorm)", "aimv2_large_patch14_224"
+  if model.distilled:
+    return "DeiT's (a distillation token)", "deit_base_distilled_patch16_224"
   if model.classifier == "map":
     return "SigLIP's (a MAP head)", "vit_base_patch16_siglip_224"
   if model.layer_scale_init is not None and model.patch_size == 14:
@@ -232,7 +236,8 @@ def _fields(model) -> dict:
           ("patch_size", "hidden_size", "num_layers", "num_heads", "mlp_dim",
            "num_classes", "representation_size", "classifier", "conv_stem",
            "num_registers", "layer_scale_init", "pre_norm", "fc_norm",
-           "no_embed_class", "act")}
+           "no_embed_class", "act", "rope", "gated_mlp", "norm_type",
+           "distilled", "patch_norm", "qk_norm", "mlp_norm", "abs_pos_embed")}
 
 
 def _load(src: str, name, image_size, num_heads, overrides,
