@@ -201,3 +201,12 @@ def test_families_bench_smoke():
   assert c["timm"]["img_per_sec"]["median"] > 0
   assert c["jax"]["check_max_abs_diff"] < 1e-4
   assert "eva02_tiny_patch14_224" in families.format_table(res)
+
+
+def test_same_graph_compares_lowered_programs(capsys):
+  """bench/same_graph.py: a checkout against itself is the same program."""
+  from bench import same_graph  # pylint: disable=import-outside-toplevel
+  assert same_graph.main([REPO, REPO, "--model", "vit_ti_16", "--batch", "1",
+                          "--image-size", "32"]) == 0
+  out = capsys.readouterr().out
+  assert out.count("==") == 8 and "same program" in out

@@ -133,6 +133,15 @@ def test_the_name_decides_the_rope_and_the_pooling():
               "cat", 1.0, "xy", (24, 24), 8, True)
   with pytest.raises(ValueError, match="CLIP image tower"):
     formats.from_timm(pe.state_dict())  # a norm before the blocks, no name
+  # timm models of the same classes that vit_jax does not compute are
+  # refused by name, saying what they are.
+  with pytest.raises(ValueError, match="RoPE-Mixed .* not supported"):
+    formats.from_timm(m.state_dict(), "vit_small_patch16_rope_mixed_224")
+  with pytest.raises(ValueError, match="EVA-02-E's post-norm blocks"):
+    formats.from_timm(m.state_dict(), "eva02_enormous_patch14_clip_224")
+  with pytest.raises(ValueError, match="'vit_small_patch14_dinov2' is not a "
+                     "timm name of the Eva families"):
+    formats.from_timm(m.state_dict(), "vit_small_patch14_dinov2")
 
 
 @pytest.mark.parametrize("name, grid", [

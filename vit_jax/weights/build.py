@@ -287,6 +287,7 @@ def from_state_dict(state_dict, name: Optional[str] = None, *,
   hints: Dict[str, Any] = {}
   parsed = None
   if layout.startswith("timm") and name is not None:
+    layouts.refuse_unsupported_timm(name)
     hints = layouts.timm_hints(name)
     parsed = layouts.parse_timm_name(name)
   elif layout.startswith("transformers"):
@@ -295,7 +296,13 @@ def from_state_dict(state_dict, name: Optional[str] = None, *,
   if layout == "timm" and name is None and "norm_pre.weight" in sd:
     raise ValueError(CLIP_NEEDS_A_NAME)
   if layout == "timm_eva" and not hints.get("rope"):
-    raise ValueError(layouts.NEEDS_A_NAME)
+    if name is None:
+      raise ValueError(layouts.NEEDS_A_NAME)
+    raise ValueError(
+        f"{name!r} is not a timm name of the Eva families vit_jax decodes "
+        f"(DINOv3, EVA-02, Perception Encoder), and these weights are an Eva "
+        f"model's (LayerScale gamma_1, q_bias / v_bias or separate q_proj), "
+        f"whose rotary position embedding the name must give.")
   heads = _heads(name, overrides.get("num_heads"), hints,
                  _width(table, sd))
   flat, _ = mapping.to_ours(table, sd, {

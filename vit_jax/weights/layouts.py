@@ -685,6 +685,34 @@ def parse_timm_name(name: str) -> Optional[Dict[str, Any]]:
               distilled=bool(m.group("distilled")), resample=resample)
 
 
+# timm models of the same classes that vit_jax does not compute (yet): the
+# name is refused, saying what it is, rather than loaded as a lookalike.
+TIMM_UNSUPPORTED = (
+    (r"_rope_mixed", "RoPE-Mixed (learned per-layer frequencies, Naver's "
+                     "rope-vit)"),
+    (r"_patch16_rope_(ape_)?224$", "Naver's rope-vit RoPE"),
+    (r"_rope_reg\d+_gap_256$", "timm's own RoPE ViTs (SBB)"),
+    (r"_sapiens2$", "Sapiens2 (grouped-query attention, attention-only "
+                    "LayerScale)"),
+    (r"_lingbot$", "LingBot-Vision"),
+    (r"^eva02_enormous", "EVA-02-E's post-norm blocks (use_post_norm)"),
+    (r"^eva_giant", "EVA-01 (timm's eva_giant_*)"),
+    (r"^naflexvit_", "NaFlex ViTs (timm's NaFlexVit, a separate issue)"),
+)
+
+
+def refuse_unsupported_timm(name: str) -> None:
+  """Raises for a timm name of a model vit_jax does not compute."""
+  base = name.split(".", 1)[0]
+  for pattern, what in TIMM_UNSUPPORTED:
+    if re.search(pattern, base):
+      raise ValueError(
+          f"{name}: {what} is not supported by vit_jax. Supported timm "
+          f"families: ViT / AugReg, DeiT (incl. distilled), DeiT-III, "
+          f"DINOv2 (incl. giant), DINOv3, EVA-02 (T/S/B/L, CLIP B/L), "
+          f"Perception Encoder, AIMv2, CLIP, SigLIP / SigLIP 2, C-RADIO.")
+
+
 # Families whose RoPE variant and grid the keys cannot show: loading their
 # weights without the name would silently drop the rotary embedding.
 NEEDS_A_NAME = (
