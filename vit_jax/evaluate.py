@@ -5,7 +5,7 @@ r"""Top-1 / top-5 accuracy of a checkpoint on a tfds split.
         --dataset imagenet2012 --split validation --data_dir ~/tensorflow_datasets
 
 The data goes through the training pipeline's eval path
-(:func:`vit_jax.data.pipeline.eval_dataset`: resize the short side, center
+(:func:`vit_jax.data.batches.eval_dataset`: resize the short side, center
 crop, normalise with the weights' mean/std; the last batch padded with
 ``mask == 0`` examples) and training's eval step and loop
 (:func:`vit_jax.train.step.evaluate`), so every example of the split is
@@ -45,12 +45,12 @@ def _eval_config(dataset: str, split: str, data_dir: Optional[str],
 def eval_source(loaded: inference.Loaded, dataset: Optional[str] = None,
                 split: Optional[str] = None, data_dir: Optional[str] = None,
                 download: bool = True, needs_head: bool = False):
-  """(config, :class:`~vit_jax.data.pipeline.DataSource`) of
+  """(config, :class:`~vit_jax.data.sources.DataSource`) of
   ``dataset[split]`` as the evaluation pipeline reads it for ``loaded``
   (its preprocessing's crop and resize). For a training checkpoint,
   ``dataset`` / ``split`` / ``data_dir`` default to its run's (its eval
   split); ``needs_head``: refuse a model without a classification head."""
-  from vit_jax.data import pipeline as input_pipeline  # pylint: disable=import-outside-toplevel
+  from vit_jax.data import batches, sources  # pylint: disable=import-outside-toplevel
 
   run = loaded.info.get("config") or {}  # a training run's config
   dataset = dataset or run.get("dataset")
@@ -65,7 +65,7 @@ def eval_source(loaded: inference.Loaded, dataset: Optional[str] = None,
     raise ValueError(f"{loaded.description}: no classification head to "
                      f"evaluate.")
   config = _eval_config(dataset, split, data_dir, download, loaded)
-  return config, input_pipeline.get_source(config)
+  return config, sources.get_source(config)
 
 
 def evaluate(checkpoint: Union[str, inference.Loaded], *,
@@ -82,7 +82,7 @@ def evaluate(checkpoint: Union[str, inference.Loaded], *,
   """
   import jax  # pylint: disable=import-outside-toplevel
 
-  from vit_jax.data import pipeline as input_pipeline  # pylint: disable=import-outside-toplevel
+  from vit_jax.data import batches, sources  # pylint: disable=import-outside-toplevel
   from vit_jax.train import step as train_step  # pylint: disable=import-outside-toplevel
 
   loaded = (checkpoint if isinstance(checkpoint, inference.Loaded) else
@@ -99,7 +99,7 @@ def evaluate(checkpoint: Union[str, inference.Loaded], *,
         f"The model has {num_classes} classes but {dataset!r} has "
         f"{src.num_classes}: this checkpoint was not trained for it.")
   pre = loaded.preprocessing
-  ds, num_batches = input_pipeline.eval_dataset(  # uint8 images
+  ds, num_batches = batches.eval_dataset(  # uint8 images
       config, src, local_batch=int(batch_size), process_index=0,
       process_count=1)
   eval_step = jax.jit(train_step.make_eval_step(
@@ -107,7 +107,7 @@ def evaluate(checkpoint: Union[str, inference.Loaded], *,
   start = time.time()
   totals = train_step.evaluate(eval_step, loaded.variables["params"],
                                loaded.variables.get("batch_stats", {}),
-                               input_pipeline.as_numpy(ds))
+                               batches.as_numpy(ds))
   count = int(round(totals["count"]))
   if count != src.num_eval:
     raise RuntimeError(f"Counted {count} examples, but {dataset}[{split}] has "

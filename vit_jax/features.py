@@ -11,7 +11,7 @@ Any checkpoint :func:`vit_jax.weights.load` accepts (``--patch_size`` and
 ``--image_size`` as there); ``--dataset`` is a tfds name or
 ``folder:/path`` (``<dir>/<split>/<label>/*.jpg``), default the run's. The
 data goes through the evaluation pipeline
-(:func:`vit_jax.data.pipeline.eval_dataset`: resize, center crop, the
+(:func:`vit_jax.data.batches.eval_dataset`: resize, center crop, the
 weights' mean/std; the last batch padded with ``mask == 0`` examples, which
 are dropped), batched over all devices (a ``('data',)`` mesh; each process
 reads its own slice), so every example is embedded exactly once; the count
@@ -87,7 +87,7 @@ def extract(checkpoint: Union[str, inference.Loaded], *,
   from jax.sharding import NamedSharding, PartitionSpec  # pylint: disable=import-outside-toplevel
 
   from vit_jax import evaluate, train as train_lib, visualize  # pylint: disable=import-outside-toplevel
-  from vit_jax.data import pipeline as input_pipeline  # pylint: disable=import-outside-toplevel
+  from vit_jax.data import batches  # pylint: disable=import-outside-toplevel
 
   if isinstance(checkpoint, inference.Loaded):
     loaded = checkpoint
@@ -109,7 +109,7 @@ def extract(checkpoint: Union[str, inference.Loaded], *,
   n_dev, n_proc = jax.device_count(), jax.process_count()
   global_batch = -(-int(batch_size) // n_dev) * n_dev
   pre = loaded.preprocessing
-  ds, num_batches = input_pipeline.eval_dataset(
+  ds, num_batches = batches.eval_dataset(
       config, src, local_batch=global_batch // n_proc,
       process_index=jax.process_index(), process_count=n_proc,
       mean=tuple(pre.mean), std=tuple(pre.std))
@@ -121,7 +121,7 @@ def extract(checkpoint: Union[str, inference.Loaded], *,
   out = {"embeddings": [], "labels": [], "patch_grids": []}
   start = time.time()
   seen = 0
-  for step, batch in enumerate(input_pipeline.as_numpy(ds), 1):
+  for step, batch in enumerate(batches.as_numpy(ds), 1):
     # Host values of all processes, in the global batch's row order.
     keep = multihost_utils.process_allgather(batch["mask"], tiled=True) > 0
     labels = multihost_utils.process_allgather(batch["label"], tiled=True)

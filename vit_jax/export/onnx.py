@@ -24,9 +24,9 @@ import functools
 
 import numpy as np
 
-from vit_jax import export as export_lib
+from vit_jax.export import base, types
 from vit_jax.export import preprocessing as export_preprocessing
-from vit_jax.weights import files
+from vit_jax.weights import twins
 
 _OPSET = 18
 _ONE_FILE_MAX_BYTES = 1_800_000_000  # protobuf's limit is 2 GiB
@@ -101,50 +101,14 @@ def _torch_preprocessing(pre):
 
 def torch_model(s):
   """The torchvision or timm ``VisionTransformer`` computing the servable
-  ``s`` (NCHW in, logits out), loaded with ``strict=True``."""
-  from vit_jax import convert, models  # pylint: disable=import-outside-toplevel
-
-  files.torch_after_tensorflow()
-  model, variables = s.model, s.variables
-  if model.conv_stem or model.representation_size:  # torchvision holds these
-    if model.classifier != "token":
-      raise export_lib.ExportError(
-          f"ONNX export goes through torchvision's or timm's ViT; neither "
-          f"holds a classifier={model.classifier!r} model with a conv stem or "
-          f"a representation layer. Use --format stablehlo or savedmodel.")
-    variant = models.Variant(model.hidden_size, model.num_layers,
-                             model.num_heads, model.mlp_dim, model.patch_size)
-    return convert.to_torchvision_model(variables, variant,
-                                        conv_stem=model.conv_stem)
-  return _timm_twin(s)
-
-
-def _timm_twin(s):
-  """timm's ``VisionTransformer`` with the architecture of ``s.model`` (every
-  family option: registers, LayerScale, no_embed_class, pre-norm, fc_norm,
-  MAP head, activation, LayerNorm epsilon), loaded with ``strict=True``."""
-  import torch  # pylint: disable=import-outside-toplevel
-  from timm.models.vision_transformer import VisionTransformer  # pylint: disable=import-outside-toplevel
-  from vit_jax import formats  # pylint: disable=import-outside-toplevel
-
-  m = s.model
-  if m.patch_bias == m.pre_norm:  # timm: PatchEmbed(bias=not pre_norm)
-    raise export_lib.ExportError(
-        f"timm's ViT has a patch-embedding bias exactly when it has no "
-        f"pre-norm (CLIP); this model has patch_bias={m.patch_bias}, "
-        f"pre_norm={m.pre_norm}. Use --format stablehlo or savedmodel.")
-  net = VisionTransformer(
-      img_size=s.image_size, patch_size=m.patch_size, embed_dim=m.hidden_size,
-      depth=m.num_layers, num_heads=m.num_heads,
-      mlp_ratio=m.mlp_dim / m.hidden_size, qkv_bias=m.qkv_bias,
-      class_token=m.classifier == "token", reg_tokens=m.num_registers,
-      no_embed_class=m.no_embed_class, init_values=m.layer_scale_init,
-      pre_norm=m.pre_norm, fc_norm=m.fc_norm,
-      global_pool={"token": "token", "gap": "avg", "map": "map"}[m.classifier],
-      num_classes=m.num_classes, act_layer=m.act,
-      norm_layer=functools.partial(torch.nn.LayerNorm, eps=m.layer_norm_eps))
-  net.load_state_dict(formats.to_timm(s.variables), strict=True)
-  return net.eval()
+  ``s`` (NCHW in, logits out), loaded with ``strict=True``
+  (:mod:`vit_jax.weights.twins`)."""
+  try:
+    return twins.torch_model(s.model, s.variables, s.image_size)
+  except twins.NoTwin as e:
+    raise types.ExportError(
+        f"ONNX export traces a PyTorch twin of the model, and {e} Use "
+        f"--format stablehlo or savedmodel.") from None
 
 
 def check_twin(s, net, tol: float = 1e-4):
@@ -162,7 +126,7 @@ def check_twin(s, net, tol: float = 1e-4):
     got = net(torch.from_numpy(x.transpose(0, 3, 1, 2).copy())).numpy()
   err = float(np.abs(got - want).max() / max(np.abs(want).max(), 1e-30))
   if not err < tol:
-    raise export_lib.ExportError(
+    raise types.ExportError(
         f"The torch twin of this model ({type(net).__module__}."
         f"{type(net).__name__}) does not compute it (relative error {err:.1e}"
         f"); ONNX export cannot hold this layout. Use --format stablehlo or "
@@ -197,16 +161,16 @@ def export_onnx(s, out: str, *, batch=None, dtype: str = "float32",
   import torch  # pylint: disable=import-outside-toplevel
 
   if dtype != "float32":
-    raise export_lib.ExportError(
+    raise types.ExportError(
         f"ONNX export is float32 only: onnxruntime's CPU kernels (Conv, "
         f"MatMul) have no {dtype}. Use --format stablehlo or savedmodel for "
         f"{dtype}.")
   if with_preprocessing and s.preprocessing is None:
-    raise export_lib.ExportError(
+    raise types.ExportError(
         "--with-preprocessing needs the weights' preprocessing: pass a "
         "checkpoint, or (model, variables, preprocessing).")
   module = serving_module(s, with_preprocessing=with_preprocessing)
-  spec = export_lib.input_spec(s, batch=batch,
+  spec = base.input_spec(s, batch=batch,
                                with_preprocessing=with_preprocessing)
   # Example sizes distinct from each other and from 0/1, so that no dynamic
   # dimension is specialised to the example.

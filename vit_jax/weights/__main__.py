@@ -24,7 +24,8 @@ def convert(source: str, out: str, **load_kwargs):
   """Loads ``source`` and writes it to ``out`` (our safetensors layout,
   written to a temporary name first: ``out`` is whole or absent). Returns
   the :class:`~vit_jax.weights.Loaded`."""
-  from vit_jax import formats, weights  # pylint: disable=import-outside-toplevel
+  from vit_jax import weights  # pylint: disable=import-outside-toplevel
+  from vit_jax.weights import saving  # pylint: disable=import-outside-toplevel
 
   loaded = weights.load(source, **load_kwargs)
   meta = {"preprocessing": loaded.preprocessing.as_dict(),
@@ -33,7 +34,7 @@ def convert(source: str, out: str, **load_kwargs):
     meta["label_names"] = list(loaded.label_names)
   tmp = f"{out}.tmp-{os.getpid()}"
   try:
-    formats.save_safetensors(loaded.variables, tmp, model=loaded.model,
+    saving.save_safetensors(loaded.variables, tmp, model=loaded.model,
                              metadata=meta)
     os.replace(tmp, out)
   finally:
