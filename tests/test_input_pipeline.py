@@ -13,7 +13,7 @@ from PIL import Image
 from train_helpers import digits_data_dir, tiny_config
 from vit_jax.data import batches, sources, transforms
 from vit_jax.data import randaugment
-from vit_jax.data.digits import digits
+from vit_jax.data import digits
 
 MEAN = STD = (0.5, 0.5, 0.5)
 
@@ -88,12 +88,13 @@ def test_eval_counts_every_example_once(src, process_count, local_batch):
   cfg = tiny_config()
   total, digests, nbatches = 0, [], set()
   for p in range(process_count):
-    ds, n = batches.eval_dataset(cfg, src, local_batch=local_batch, process_index=p,
-                            process_count=process_count, mean=MEAN, std=STD)
-    batches = list(batches.as_numpy(ds))
-    assert len(batches) == n
+    ds, n = batches.eval_dataset(cfg, src, local_batch=local_batch,
+                                 process_index=p, process_count=process_count,
+                                 mean=MEAN, std=STD)
+    got = list(batches.as_numpy(ds))
+    assert len(got) == n
     nbatches.add(n)
-    for b in batches:
+    for b in got:
       m = b["mask"] > 0
       total += int(m.sum())
       digests += [_digest(x) + str(y) for x, y in zip(b["image"][m], b["label"][m])]
@@ -156,7 +157,7 @@ def test_mock_tfds_catalogue_dataset():
 
 
 def test_missing_dataset_offline_fails_fast(tmp_path, monkeypatch):
-  monkeypatch.setattr(ip, "_online", lambda *a, **k: False)
+  monkeypatch.setattr(sources, "_online", lambda *a, **k: False)
   t0 = time.perf_counter()
   with pytest.raises(sources.DatasetNotPreparedError) as e:
     sources.get_builder("cifar10", data_dir=str(tmp_path), download=True)

@@ -153,8 +153,8 @@ def test_finetune_starts_from_converted_torchvision_weights(tmp_path):
 def test_released_weights_offline_fail_fast(tmp_path, monkeypatch):
   import torch
   from vit_jax import weights
-  from vit_jax.weights import files
-  monkeypatch.setattr(files, "online", lambda *a, **k: False)
+  from vit_jax.data import net
+  monkeypatch.setattr(net, "online", lambda *a, **k: False)
   monkeypatch.setattr(torch.hub, "get_dir", lambda: str(tmp_path))
   with pytest.raises(weights.CheckpointError, match=r"not cached at .*vit_b_16-"
                      r".*download.pytorch.org cannot be reached"):

@@ -64,23 +64,29 @@ def _download_is_mocked() -> bool:
   return getattr(fn, "__module__", "").startswith("tensorflow_datasets.testing")
 
 
-def _not_prepared_message(name: str, data_dir: str, why: str) -> str:
+def _not_prepared_message(name: str, data_dir: str, why: str,
+                          flags=("--config.data_dir", "config.download is False")
+                          ) -> str:
   return (
       f"Dataset {name!r} is not prepared in data_dir={data_dir!r} and {why}.\n"
       f"Prepare it on a machine with internet access and copy it here:\n"
       f"    tfds build {name} --data_dir={data_dir}\n"
       f"(or python -c \"import tensorflow_datasets as tfds; "
       f"tfds.builder('{name}', data_dir='{data_dir}').download_and_prepare()\"),"
-      f"\nthen pass --config.data_dir={data_dir}. Datasets that need a manual "
+      f"\nthen pass {flags[0]}={data_dir}. Datasets that need a manual "
       f"download (e.g. imagenet2012) must first be placed in "
       f"{os.path.join(data_dir, 'downloads', 'manual')}. Offline, the bundled "
       f"'digits' dataset (configs/digits.py) always works.")
 
 
 def get_builder(dataset: str, data_dir: Optional[str] = None,
-                download: bool = True):
+                download: bool = True,
+                flags=("--config.data_dir", "config.download is False")):
   """A prepared tfds builder for ``dataset`` (catalogue name or image folder).
 
+  ``flags``: the caller's own option for the data directory, and why it
+  does not download (train.py's config fields; a CLI's ``--data-dir`` and
+  ``--no-download``), as the error names them.
   Fails fast with :class:`DatasetNotPreparedError` when the data is missing
   and cannot be downloaded (offline, or ``download=False``).
   """
@@ -112,17 +118,17 @@ def get_builder(dataset: str, data_dir: Optional[str] = None,
   where = data_dir or str(builder.data_dir_root)
   if not download:
     raise DatasetNotPreparedError(
-        _not_prepared_message(dataset, where, "config.download is False"))
+        _not_prepared_message(dataset, where, flags[1], flags))
   if not _online():
     raise DatasetNotPreparedError(_not_prepared_message(
         dataset, where, "this machine is offline (cannot reach "
-        "storage.googleapis.com), so it cannot be downloaded"))
+        "storage.googleapis.com), so it cannot be downloaded", flags))
   try:
     builder.download_and_prepare()
   except Exception as e:  # network, manual-download and permission errors
     raise DatasetNotPreparedError(_not_prepared_message(
         dataset, where, f"downloading it failed: {type(e).__name__}: "
-        f"{str(e)[:300]}")) from e
+        f"{str(e)[:300]}", flags)) from e
   return builder
 
 
@@ -191,7 +197,10 @@ _READ_CONFIG = tfds.ReadConfig(try_autocache=False)
 
 def get_source(config) -> DataSource:
   """Resolves ``config.dataset`` (+ splits) and reads its metadata."""
-  builder = get_builder(config.dataset, config.data_dir, config.download)
+  builder = get_builder(config.dataset, config.data_dir, config.download,
+                        flags=tuple(config.get("flags", None) or
+                                    ("--config.data_dir",
+                                     "config.download is False")))
   is_folder = isinstance(builder, tfds.ImageFolder)
   _check_split(builder, config.train_split, "config.train_split")
   _check_split(builder, config.eval_split, "config.eval_split")
@@ -206,7 +215,7 @@ def get_source(config) -> DataSource:
   num_classes = int(feats["label"].num_classes)
   counts = {}
   for split in (config.train_split, config.eval_split):
-    _, counts[split] = _process_split(builder, split, 0, 1, is_folder, False)
+    _, counts[split] = process_split(builder, split, 0, 1, is_folder, False)
   return DataSource(
       name=config.dataset, builder=builder, data_dir=config.data_dir,
       train_split=config.train_split, eval_split=config.eval_split,

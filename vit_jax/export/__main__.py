@@ -3,11 +3,11 @@
 
 from __future__ import annotations
 
-import argparse
 import os
 import sys
 from typing import Optional, Sequence
 
+from vit_jax.data import console
 from vit_jax.export.types import DTYPES, FORMATS
 
 
@@ -18,8 +18,8 @@ def _size_of(path: str) -> int:
   return os.path.getsize(path)
 
 
-def _parser() -> argparse.ArgumentParser:
-  ap = argparse.ArgumentParser(
+def _parser():
+  ap = console.Parser(
       prog="python -m vit_jax.export",
       description="Export a ViT checkpoint as a StableHLO, TensorFlow "
                   "SavedModel or ONNX artifact (images in, logits out).")
@@ -41,7 +41,7 @@ def _parser() -> argparse.ArgumentParser:
                        "lower for (cpu, cuda, rocm, tpu)")
   ap.add_argument("--model", default=None,
                   help="variant when the weights cannot tell (vit_b_16)")
-  ap.add_argument("--image_size", type=int, default=None,
+  ap.add_argument("--image-size", type=int, default=None,
                   help="export at this resolution (position embedding "
                        "resampled)")
   ap.add_argument("--verify", action="store_true",

@@ -30,7 +30,7 @@ import numpy as np
 
 from vit_jax import models, weights
 from vit_jax.data import preprocessing as pp
-from vit_jax.weights import files, orbax, trees
+from vit_jax.weights import files, trees
 from vit_jax.weights.check import check_keys
 
 # VisionTransformer fields a training config sets even when the weights give
@@ -143,9 +143,9 @@ def model_kwargs(config, num_classes: int,
 
 
 def build_model(model_name: str, kwargs: Dict[str, Any]) -> models.VisionTransformer:
-  """The model, built the way inference rebuilds it from a checkpoint."""
-  return orbax.build_model({"model_name": model_name,
-                            "model_kwargs": kwargs})
+  """The model, built the way inference rebuilds it from a checkpoint
+  (:func:`vit_jax.models.from_record`)."""
+  return models.from_record(model_name, kwargs)
 
 
 def initial_variables(config, init: Optional[InitialWeights], abstract):

@@ -221,7 +221,7 @@ def train_and_evaluate(config, workdir: str, *,
   eval_ds, _ = batches.eval_dataset(
       config, src, local_batch=int(config.eval_batch_size) // pcount,
       process_index=pidx, process_count=pcount)
-  batches = batches.start_global(train_ds, data_sh)
+  train_batches = batches.start_global(train_ds, data_sh)
 
   # ---- The loop.
   last_train: Dict[str, float] = {}
@@ -276,7 +276,7 @@ def train_and_evaluate(config, workdir: str, *,
       # donated buffers): a wait for the other processes too.
       with waits.waiting(f"step {step + 1}'s dispatch (step {step}'s "
                          f"all-reduce)", step + 1):
-        state, next_vote = fns.train_step(state, next(batches),
+        state, next_vote = fns.train_step(state, next(train_batches),
                                           preemption.votes())
       step += 1
       if vote is not None:

@@ -167,6 +167,11 @@ def load(source, *, model_name: Optional[str] = None, image_size=None,
   return loaded
 
 
+def _record(model) -> dict:
+  """The model's architecture and its head's width, as described."""
+  return dict(models.arch_record(model), num_classes=model.num_classes)
+
+
 def _given(pre) -> Optional[pp.Preprocessing]:
   if pre is None or isinstance(pre, pp.Preprocessing):
     return pre
@@ -203,7 +208,7 @@ def _finish(model, variables, pre: pp.Preprocessing, names, what: str,
   if head == "embedding":
     names = None
   return Loaded(model, variables, pre, names,
-                f"{what}: {trees.describe(models.arch_record(model), image_size=crop, head=head)}",
+                f"{what}: {trees.describe(_record(model), image_size=crop, head=head)}",
                 kind, head=head)
 
 
@@ -382,7 +387,7 @@ def _load_orbax(path: str, name, image_size, patch_size=None) -> Loaded:
 
   model, variables, info = orbax.load_for_inference(path)
   if name:
-    build.check_name(models.arch_record(model), name)
+    build.check_name(_record(model), name)
   crop = int(info["image_size"])
   run_pp = ((info.get("config") or {}).get("pp") or {})
   resize = pp.eval_resize_size(
@@ -403,6 +408,6 @@ def _load_orbax(path: str, name, image_size, patch_size=None) -> Loaded:
   names = labels.check_labels(names, model.num_classes or 0, path) if names else None
   desc = (f"vit_jax training checkpoint (step {info.get('step')}, dataset "
           f"{info.get('dataset')!r}): "
-          f"{trees.describe(models.arch_record(model), image_size=crop)}")
+          f"{trees.describe(_record(model), image_size=crop)}")
   return Loaded(model, variables, pre, names, desc, "orbax",
                 use_training_pipeline=True, info=dict(info))

@@ -13,7 +13,6 @@ importing torch beside JAX.
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import sys
@@ -44,7 +43,8 @@ def convert(source: str, out: str, **load_kwargs):
 
 
 def main(argv: Optional[list] = None) -> int:
-  p = argparse.ArgumentParser(
+  from vit_jax.data import console  # pylint: disable=import-outside-toplevel
+  p = console.Parser(
       prog="python -m vit_jax.weights",
       description="Convert weights (any layout vit_jax.weights.load reads) "
                   "to a torch-free safetensors file in vit_jax's layout.")
@@ -60,7 +60,6 @@ def main(argv: Optional[list] = None) -> int:
                  help="JSON object of model fields the checkpoint is stated to "
                       "have (e.g. '{\"num_heads\": 2}')")
   args = p.parse_args(argv)
-  from vit_jax.data import console  # pylint: disable=import-outside-toplevel
   from vit_jax import weights  # pylint: disable=import-outside-toplevel
   console.quiet_native_logs()
   try:

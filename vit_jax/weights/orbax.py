@@ -17,7 +17,6 @@ process is done, so a step directory that exists is complete.
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 import os
 import re
@@ -115,15 +114,10 @@ def resolve_checkpoint(path: str) -> Tuple[str, Optional[int]]:
 
 
 def build_model(meta: Dict[str, Any], **overrides) -> models.VisionTransformer:
-  """The :class:`~vit_jax.models.VisionTransformer` described by ``meta``."""
-  kwargs = dict(meta["model_kwargs"], **overrides)
-  variant = {f.name for f in dataclasses.fields(models.Variant)}
-  if variant <= set(kwargs) or set(models.ARCH_FIELDS) <= set(kwargs):
-    # Every field a name would give is stated (a custom size, or weights
-    # that gave the whole architecture): the name (ours, timm's or the
-    # recipe's own) is only a label.
-    return models.get_model(kwargs)
-  return models.get_model(meta["model_name"], **kwargs)
+  """The :class:`~vit_jax.models.VisionTransformer` a checkpoint's ``meta``
+  describes (:func:`vit_jax.models.from_record`)."""
+  return models.from_record(meta["model_name"], meta["model_kwargs"],
+                            **overrides)
 
 
 def load_for_inference(path: str):
