@@ -169,10 +169,10 @@ def main(argv):
   if not flags.FLAGS["verbosity"].present:  # Orbax logs every save at INFO
     logging.set_verbosity(logging.WARNING)
   from vit_jax.train import checkpoint  # pylint: disable=import-outside-toplevel
-  from vit_jax.data import pipeline as input_pipeline  # pylint: disable=import-outside-toplevel
+  from vit_jax.data import sources  # pylint: disable=import-outside-toplevel
 
   user_errors = (ValueError, FileNotFoundError, FloatingPointError,
-                 input_pipeline.DatasetNotPreparedError,
+                 sources.DatasetNotPreparedError,
                  checkpoint.CheckpointSaveError)
   try:
     _init_distributed()

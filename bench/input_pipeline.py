@@ -4,7 +4,7 @@
 
 Writes ``--images`` generated JPEGs (``--jpeg-size``, ImageNet's typical
 500x375 by default) into an image folder and reads them through
-``vit_jax.data.pipeline.train_dataset`` exactly as ``train.py`` does (tfds
+``vit_jax.data.batches.train_dataset`` exactly as ``train.py`` does (tfds
 ImageFolder, shuffle, Inception crop with ``decode_and_crop_jpeg``, flip,
 uint8 batches), with and without RandAugment, on ``--cores`` host threads
 (tf.data's private thread pool; intra-op parallelism 1). Nothing goes to a
@@ -103,15 +103,15 @@ def measure(config, *, cores: int, batch: int, batches: int,
   ``warmup`` untimed ones) on ``cores`` tf.data threads."""
   import tensorflow as tf  # pylint: disable=import-outside-toplevel
 
-  from vit_jax.data import pipeline as input_pipeline  # pylint: disable=import-outside-toplevel
-  src = input_pipeline.get_source(config)
-  ds = input_pipeline.train_dataset(config, src, local_batch=batch,
+  from vit_jax.data import batches, sources  # pylint: disable=import-outside-toplevel
+  src = sources.get_source(config)
+  ds = batches.train_dataset(config, src, local_batch=batch,
                                     start_step=0, process_index=0,
                                     process_count=1)
   opts = tf.data.Options()
   opts.threading.private_threadpool_size = int(cores)
   opts.threading.max_intra_op_parallelism = 1
-  it = input_pipeline.as_numpy(ds.with_options(opts))
+  it = batches.as_numpy(ds.with_options(opts))
   for _ in range(warmup):
     b = next(it)
   assert b["image"].dtype == np.uint8, b["image"].dtype
@@ -133,8 +133,8 @@ def run(args) -> dict:
       h, w = args.jpeg_size
       write_jpegs(folder, args.images, h, w)
     rows = []
-    from vit_jax.data import pipeline as input_pipeline  # pylint: disable=import-outside-toplevel
-    margin = input_pipeline._JPEG_CROP_MARGIN  # pylint: disable=protected-access
+    from vit_jax.data import transforms  # pylint: disable=import-outside-toplevel
+    margin = transforms._JPEG_CROP_MARGIN  # pylint: disable=protected-access
     for ra in args.randaugment:
       cfg = pipeline_config(folder, image_size=args.image_size,
                             randaugment=ra == "on")
@@ -144,13 +144,13 @@ def run(args) -> dict:
                 f"{decode} decode ...", file=sys.stderr, flush=True)
           # 'full': a margin wider than any image makes the crop's decode
           # window the whole JPEG (the pipeline before decode_and_crop).
-          input_pipeline._JPEG_CROP_MARGIN = (  # pylint: disable=protected-access
+          transforms._JPEG_CROP_MARGIN = (  # pylint: disable=protected-access
               margin if decode == "crop" else 1 << 20)
           try:
             r = measure(cfg, cores=cores, batch=args.batch,
                         batches=args.batches)
           finally:
-            input_pipeline._JPEG_CROP_MARGIN = margin  # pylint: disable=protected-access
+            transforms._JPEG_CROP_MARGIN = margin  # pylint: disable=protected-access
           rows.append(dict(r, randaugment=ra, cores=cores, decode=decode))
   finally:
     if made and not args.folder:
@@ -162,7 +162,7 @@ def run(args) -> dict:
 
 def report(res) -> str:
   h, w = res["jpeg_size"]
-  lines = [f"Input pipeline alone (vit_jax.data.pipeline.train_dataset, "
+  lines = [f"Input pipeline alone (vit_jax.data.batches.train_dataset, "
            f"uint8 out), {h}x{w} JPEGs -> {res['image_size']}px Inception "
            f"crop + flip, batch {res['batch']}",
            f"CPU: {res['cpu']}",

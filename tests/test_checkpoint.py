@@ -13,6 +13,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from vit_jax.weights import orbax
 from vit_jax.train import checkpoint
 
 
@@ -54,7 +55,7 @@ def test_half_written_checkpoint_is_never_loaded(tmp_path):
   (tmp / "variables" / "garbage").write_text("half written")
   assert checkpoint.CheckpointManager(str(ck), read_only=True).latest_step() == 1
   with pytest.raises(ValueError, match="half-written"):
-    checkpoint.load_for_inference(str(tmp))
+    orbax.load_for_inference(str(tmp))
   # A training manager (not read-only) resumes from step 1 and deletes the
   # temporary directory (before its first save).
   m = checkpoint.CheckpointManager(str(ck), keep=3)
@@ -67,25 +68,25 @@ def test_half_written_checkpoint_is_never_loaded(tmp_path):
 
 def test_load_for_inference_errors(tmp_path):
   with pytest.raises(FileNotFoundError, match="does not exist"):
-    checkpoint.load_for_inference(str(tmp_path / "nope"))
+    orbax.load_for_inference(str(tmp_path / "nope"))
   with pytest.raises(FileNotFoundError, match="No checkpoint found at"):
-    checkpoint.load_for_inference(str(tmp_path))
+    orbax.load_for_inference(str(tmp_path))
   # A workdir whose checkpoints/ holds only a temporary directory.
   (tmp_path / "run" / "checkpoints" / "3.orbax-checkpoint-tmp-1").mkdir(
       parents=True)
   with pytest.raises(FileNotFoundError, match="No complete checkpoint"):
-    checkpoint.load_for_inference(str(tmp_path / "run"))
+    orbax.load_for_inference(str(tmp_path / "run"))
   with pytest.raises(FileNotFoundError, match="No checkpoint found at"):
     (tmp_path / "file.txt").write_text("x")
-    checkpoint.load_for_inference(str(tmp_path / "file.txt"))
+    orbax.load_for_inference(str(tmp_path / "file.txt"))
 
 
 def test_resolve_checkpoint_paths(tmp_path):
   ck = tmp_path / "run" / "checkpoints"
   (ck / "12" / "variables").mkdir(parents=True)
-  assert checkpoint.resolve_checkpoint(str(tmp_path / "run")) == (str(ck), None)
-  assert checkpoint.resolve_checkpoint(str(ck)) == (str(ck), None)
-  assert checkpoint.resolve_checkpoint(str(ck / "12")) == (str(ck), 12)
+  assert orbax.resolve_checkpoint(str(tmp_path / "run")) == (str(ck), None)
+  assert orbax.resolve_checkpoint(str(ck)) == (str(ck), None)
+  assert orbax.resolve_checkpoint(str(ck / "12")) == (str(ck), 12)
   assert os.path.isdir(ck)
 
 
@@ -213,7 +214,7 @@ def test_a_full_disk_names_the_step_the_space_and_the_intact_checkpoint(
   failed, prev = int(m.group(1)), int(m.group(6))
   assert failed > prev == int(m.group(5))
   assert "RESOURCE_EXHAUSTED" not in err and "Traceback" not in err
-  _, variables, info = checkpoint.load_for_inference(str(run))
+  _, variables, info = orbax.load_for_inference(str(run))
   assert info["step"] == prev and set(variables) == {"params"}
 
   # The first checkpoint does not fit (Orbax runs out of space writing it):
@@ -254,7 +255,7 @@ def test_load_for_inference_restores_onto_the_default_backend(tmp_path,
     return real()
 
   monkeypatch.setattr(jax, "devices", devices)
-  loaded, got, info = checkpoint.load_for_inference(str(tmp_path))
+  loaded, got, info = orbax.load_for_inference(str(tmp_path))
   monkeypatch.setattr(jax, "devices", real)
   assert all(b is None for b in asked)
   for leaf in jax.tree_util.tree_leaves(got):

@@ -109,3 +109,20 @@ def test_the_main_job_prepares_the_bundled_digits_in_one_line(tmp_path):
   # Prepared once: the next run says nothing about it.
   p = _run(train_cmd(str(tmp_path / "run2"), o))
   assert p.stdout.startswith("vit_ti_4 (10,698 params) on digits"), p.stdout
+
+
+def test_a_library_asking_whether_tensorflow_exists_does_not_use_up_the_filter():
+  """Some libraries probe ``importlib.util.find_spec('tensorflow')``
+  without importing it; the real import after that is still filtered."""
+  code = (
+      "import importlib.util, sys\n"
+      "from vit_jax.data import console\n"
+      "console.quiet_native_logs()\n"
+      "assert importlib.util.find_spec('tensorflow') is not None\n"
+      "import tensorflow\n"
+      "print('imported', file=sys.stderr)\n")
+  p = subprocess.run([PYTHON, "-c", code], cwd=REPO, env=_quiet_env(),
+                     capture_output=True, text=True, timeout=120)
+  assert p.returncode == 0, p.stderr
+  assert "imported" in p.stderr
+  assert not any(m in p.stderr for m in MARKERS), p.stderr

@@ -17,7 +17,9 @@ import numpy as np
 import pytest
 
 from vit_jax import convert, export, formats, inference, models
-from vit_jax.export import (preprocessing as export_preprocessing, savedmodel as export_tf)
+from vit_jax.export import __main__ as export_cli
+from vit_jax.export import preprocessing as export_preprocessing
+from vit_jax.export import savedmodel as export_tf
 
 # One entry per model family: get_model() overrides on top of _SMALL. A new
 # family (registers, MAP head, ...) is one more line here.
@@ -384,7 +386,7 @@ def test_cli(tmp_path, capsys):
                         "interpolation": "bicubic", "mean": [0.5] * 3,
                         "std": [0.5] * 3}})
   out = str(tmp_path / "tiny.onnx")
-  rc = export.main(["--checkpoint", ckpt, "--format", "onnx", "--out", out,
+  rc = export_cli.main(["--checkpoint", ckpt, "--format", "onnx", "--out", out,
                     "--with-preprocessing", "--verify"])
   text = capsys.readouterr().out
   assert rc == 0, text
@@ -392,10 +394,10 @@ def test_cli(tmp_path, capsys):
   assert "bicubic" in text
   err = float(text.split("max relative error against JAX")[1].split()[0])
   assert err < TOL
-  rc = export.main(["--checkpoint", ckpt, "--format", "onnx", "--out", out,
+  rc = export_cli.main(["--checkpoint", ckpt, "--format", "onnx", "--out", out,
                     "--dtype", "bfloat16"])
   assert rc == 1 and "float32 only" in capsys.readouterr().err
-  rc = export.main(["--checkpoint", str(tmp_path / "missing.pth"),
+  rc = export_cli.main(["--checkpoint", str(tmp_path / "missing.pth"),
                     "--format", "stablehlo", "--out", str(tmp_path / "x")])
   assert rc == 1 and "no such file" in capsys.readouterr().err
 

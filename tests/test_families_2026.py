@@ -81,7 +81,7 @@ def _x(name, grid, seed=0, n=2):
 
 @pytest.mark.parametrize("name, overrides, grid", CASES, ids=IDS)
 def test_family_matches_timm_both_ways(name, overrides, grid, record_property):
-  from vit_jax.weights import timm_twin  # pylint: disable=import-outside-toplevel
+  from vit_jax.weights import twins  # pylint: disable=import-outside-toplevel
   m = timm_model(name, overrides, grid)
   model, variables = ours(m, name, overrides)
   x = _x(name, grid)
@@ -104,7 +104,7 @@ def test_family_matches_timm_both_ways(name, overrides, grid, record_property):
   # timm's model rebuilt from our fields alone (ONNX export's twin) is
   # timm's own: the same class, the same outputs.
   p = _patch(name)
-  twin = timm_twin.timm_twin(model, variables, (grid[0] * p, grid[1] * p))
+  twin = twins.timm_model(model, variables, (grid[0] * p, grid[1] * p))
   assert type(twin) is type(m)
   with torch.no_grad():
     np.testing.assert_allclose(twin(torch_in(x)).numpy(), ref, rtol=0,

@@ -15,7 +15,7 @@ import tensorflow_datasets as tfds
 from compare import perturb
 from train_helpers import digits_data_dir, run_python
 from vit_jax import features, formats, inference, models, probe
-from vit_jax.data import pipeline as input_pipeline
+from vit_jax.data import transforms
 
 NUM_TEST = 359  # digits[test]
 SIZE = 16
@@ -48,7 +48,7 @@ def reference(path, data_dir, split="test", grid_layer=None):
       split=split, shuffle_files=False)
   xs, ys = [], []
   for ex in tfds.as_numpy(ds):
-    xs.append(np.asarray(input_pipeline.preprocess_eval(
+    xs.append(np.asarray(transforms.preprocess_eval(
         ex["image"], image_size=pre.crop_size, resize_size=pre.resize_size,
         mean=pre.mean, std=pre.std)))
     ys.append(int(ex["label"]))

@@ -13,6 +13,7 @@ import torch
 
 from compare import apply, assert_close_rel, images, perturb_torch, torch_in
 from train_helpers import REPO, env, tiny_config
+from vit_jax.weights import orbax
 from vit_jax.train import checkpoint, init as train_init, loop as train_loop
 from vit_jax import weights
 
@@ -52,7 +53,7 @@ def test_finetune_from_dinov2_with_registers(tmp_path, fmt):
                   **{"model.patch_size": 14})
   train_loop.train_and_evaluate(cfg, str(tmp_path / "run"), devices=ONE)
 
-  model, variables, info = checkpoint.load_for_inference(str(tmp_path / "run"))
+  model, variables, info = orbax.load_for_inference(str(tmp_path / "run"))
   assert model.num_registers == 4 and model.layer_scale_init is not None
   assert model.hidden_size == 32 and model.patch_size == 14
   assert model.num_classes == 10 and info["model_name"] == (
@@ -90,7 +91,7 @@ def test_finetune_from_hf_hub_siglip(tmp_path, monkeypatch):
                   **{"model.scan_layers": True, "model.patch_size": 8})
   train_loop.train_and_evaluate(cfg, str(tmp_path / "run"), devices=ONE)
 
-  model, variables, info = checkpoint.load_for_inference(str(tmp_path / "run"))
+  model, variables, info = orbax.load_for_inference(str(tmp_path / "run"))
   assert model.classifier == "map" and model.patch_size == 8
   assert tuple(info["mean"]) == (0.5, 0.5, 0.5)
   x = images(2, 32, seed=5)
@@ -108,7 +109,7 @@ def test_torch_stays_out_of_the_training_process(tmp_path):
   code = f"""
 import sys
 from configs import digits
-from vit_jax import train_init
+from vit_jax.train import init as train_init
 cfg = digits.get_config()
 cfg.init_weights, cfg.image_size = {str(tmp_path / 'w.pth')!r}, 28
 cfg.model_name = "vit_small_patch14_reg4_dinov2"

@@ -11,20 +11,20 @@ import tensorflow_datasets as tfds
 from PIL import Image
 
 from train_helpers import digits_data_dir, tiny_config
-from vit_jax.data import pipeline as ip
+from vit_jax.data import batches, sources, transforms
 from vit_jax.data import randaugment
-from vit_jax.data.digits import digits
+from vit_jax.data import digits
 
 MEAN = STD = (0.5, 0.5, 0.5)
 
 
 @pytest.fixture(scope="module")
 def src():
-  return ip.get_source(tiny_config())
+  return sources.get_source(tiny_config())
 
 
 def _batches(ds, n):
-  it = ip.as_numpy(ds)
+  it = batches.as_numpy(ds)
   return [next(it) for _ in range(n)]
 
 
@@ -55,9 +55,9 @@ def test_train_stream_is_a_function_of_step(src):
   cfg = tiny_config()
   kw = dict(local_batch=16, process_index=0, process_count=1, mean=MEAN,
             std=STD)
-  full = _batches(ip.train_dataset(cfg, src, start_step=0, **kw), 100)
+  full = _batches(batches.train_dataset(cfg, src, start_step=0, **kw), 100)
   # Resuming at step 93 (crosses an epoch boundary: 1438 / 16 ~ 89.9).
-  resumed = _batches(ip.train_dataset(cfg, src, start_step=93, **kw), 7)
+  resumed = _batches(batches.train_dataset(cfg, src, start_step=93, **kw), 7)
   for a, b in zip(full[93:], resumed):
     np.testing.assert_array_equal(a["image"], b["image"])
     np.testing.assert_array_equal(a["label"], b["label"])
@@ -66,7 +66,7 @@ def test_train_stream_is_a_function_of_step(src):
   # Epochs are reshuffled, and augmentation differs between batches.
   assert not np.array_equal(full[0]["label"], full[90]["label"])
   # Another seed gives another stream.
-  other = _batches(ip.train_dataset(tiny_config(seed=1), src, start_step=0,
+  other = _batches(batches.train_dataset(tiny_config(seed=1), src, start_step=0,
                                     **kw), 1)
   assert not np.array_equal(other[0]["image"], full[0]["image"])
 
@@ -75,7 +75,7 @@ def test_processes_read_disjoint_train_slices(src):
   cfg = tiny_config(**{"pp.crop": "resize"})  # no augmentation: comparable
   seen = []
   for p in range(2):
-    ds = ip.train_dataset(cfg, src, local_batch=719, start_step=0,
+    ds = batches.train_dataset(cfg, src, local_batch=719, start_step=0,
                           process_index=p, process_count=2, mean=MEAN, std=STD)
     batch = _batches(ds, 1)[0]  # one whole epoch of this process's slice
     seen.append({_digest(x) for x in batch["image"]})
@@ -88,30 +88,31 @@ def test_eval_counts_every_example_once(src, process_count, local_batch):
   cfg = tiny_config()
   total, digests, nbatches = 0, [], set()
   for p in range(process_count):
-    ds, n = ip.eval_dataset(cfg, src, local_batch=local_batch, process_index=p,
-                            process_count=process_count, mean=MEAN, std=STD)
-    batches = list(ip.as_numpy(ds))
-    assert len(batches) == n
+    ds, n = batches.eval_dataset(cfg, src, local_batch=local_batch,
+                                 process_index=p, process_count=process_count,
+                                 mean=MEAN, std=STD)
+    got = list(batches.as_numpy(ds))
+    assert len(got) == n
     nbatches.add(n)
-    for b in batches:
+    for b in got:
       m = b["mask"] > 0
       total += int(m.sum())
       digests += [_digest(x) + str(y) for x, y in zip(b["image"][m], b["label"][m])]
       assert np.all(b["image"][~m] == 0)
   assert len(nbatches) == 1  # every process runs the same number of batches
   assert total == 359
-  ref, _ = ip.eval_dataset(cfg, src, local_batch=359, process_index=0,
+  ref, _ = batches.eval_dataset(cfg, src, local_batch=359, process_index=0,
                            process_count=1, mean=MEAN, std=STD)
-  ref = next(ip.as_numpy(ref))
+  ref = next(batches.as_numpy(ref))
   assert sorted(digests) == sorted(_digest(x) + str(y)
                                    for x, y in zip(ref["image"], ref["label"]))
 
 
 def test_eval_preprocessing_resizes_and_normalises(src):
   cfg = tiny_config(image_size=16)
-  ds, _ = ip.eval_dataset(cfg, src, local_batch=8, process_index=0,
+  ds, _ = batches.eval_dataset(cfg, src, local_batch=8, process_index=0,
                           process_count=1, mean=MEAN, std=STD)
-  b = next(ip.as_numpy(ds))
+  b = next(batches.as_numpy(ds))
   assert b["image"].shape == (8, 16, 16, 3)
   assert -1.0 <= b["image"].min() and b["image"].max() <= 1.0
   np.testing.assert_array_equal(b["image"][..., 0], b["image"][..., 2])  # grey
@@ -127,15 +128,15 @@ def test_image_folder_dataset(tmp_path):
         Image.fromarray(rng.randint(0, 255, (20 + i, 24, 3), np.uint8)).save(
             d / f"{i}.png")
   cfg = tiny_config(dataset=f"folder:{tmp_path}")
-  s = ip.get_source(cfg)
+  s = sources.get_source(cfg)
   assert s.label_names == ["cat", "dog"] and s.num_classes == 2
   assert (s.num_train, s.num_eval) == (12, 6)
-  ds = ip.train_dataset(cfg, s, local_batch=4, start_step=0, process_index=1,
+  ds = batches.train_dataset(cfg, s, local_batch=4, start_step=0, process_index=1,
                         process_count=2, mean=MEAN, std=STD)
   assert _batches(ds, 2)[1]["image"].shape == (4, 8, 8, 3)
-  ds, n = ip.eval_dataset(cfg, s, local_batch=4, process_index=0,
+  ds, n = batches.eval_dataset(cfg, s, local_batch=4, process_index=0,
                           process_count=2, mean=MEAN, std=STD)
-  assert n == 1 and sum(b["mask"].sum() for b in ip.as_numpy(ds)) == 3
+  assert n == 1 and sum(b["mask"].sum() for b in batches.as_numpy(ds)) == 3
 
 
 def test_mock_tfds_catalogue_dataset():
@@ -144,58 +145,58 @@ def test_mock_tfds_catalogue_dataset():
                     **{"pp.crop": "inception", "pp.flip": True,
                        "pp.randaugment_layers": 2})
   with tfds.testing.mock_data(num_examples=40):
-    s = ip.get_source(cfg)
+    s = sources.get_source(cfg)
     assert s.num_classes == 10 and len(s.label_names) == 10
-    ds = ip.train_dataset(cfg, s, local_batch=8, start_step=3, process_index=0,
+    ds = batches.train_dataset(cfg, s, local_batch=8, start_step=3, process_index=0,
                           process_count=1, mean=MEAN, std=STD)
     b = _batches(ds, 1)[0]
-    ds, n = ip.eval_dataset(cfg, s, local_batch=16, process_index=0,
+    ds, n = batches.eval_dataset(cfg, s, local_batch=16, process_index=0,
                             process_count=1, mean=MEAN, std=STD)
-    assert sum(e["mask"].sum() for e in ip.as_numpy(ds)) == 40 and n == 3
+    assert sum(e["mask"].sum() for e in batches.as_numpy(ds)) == 40 and n == 3
   assert b["image"].shape == (8, 16, 16, 3) and b["label"].max() < 10
 
 
 def test_missing_dataset_offline_fails_fast(tmp_path, monkeypatch):
-  monkeypatch.setattr(ip, "_online", lambda *a, **k: False)
+  monkeypatch.setattr(sources, "_online", lambda *a, **k: False)
   t0 = time.perf_counter()
-  with pytest.raises(ip.DatasetNotPreparedError) as e:
-    ip.get_builder("cifar10", data_dir=str(tmp_path), download=True)
+  with pytest.raises(sources.DatasetNotPreparedError) as e:
+    sources.get_builder("cifar10", data_dir=str(tmp_path), download=True)
   assert time.perf_counter() - t0 < 30
   msg = str(e.value)
   assert "'cifar10'" in msg and str(tmp_path) in msg and "tfds build cifar10" in msg
   assert "offline" in msg
-  with pytest.raises(ip.DatasetNotPreparedError, match="download is False"):
-    ip.get_builder("cifar10", data_dir=str(tmp_path), download=False)
+  with pytest.raises(sources.DatasetNotPreparedError, match="download is False"):
+    sources.get_builder("cifar10", data_dir=str(tmp_path), download=False)
 
 
 def test_online_probe_is_quick():
   t0 = time.perf_counter()
-  ip._online(timeout=2.0)
+  sources._online(timeout=2.0)
   assert time.perf_counter() - t0 < 10
 
 
 def test_bad_dataset_names_and_splits(tmp_path):
   with pytest.raises(ValueError, match="Unknown dataset 'no_such_dataset_xyz'"):
-    ip.get_builder("no_such_dataset_xyz", data_dir=str(tmp_path))
+    sources.get_builder("no_such_dataset_xyz", data_dir=str(tmp_path))
   with pytest.raises(FileNotFoundError, match="does not exist"):
-    ip.get_builder(f"folder:{tmp_path}/missing")
+    sources.get_builder(f"folder:{tmp_path}/missing")
   with pytest.raises(ValueError, match=r"config.eval_split='validation'.*"
                      r"\['train', 'test'\]|config.eval_split='validation'.*"
                      r"\['test', 'train'\]"):
-    ip.get_source(tiny_config(eval_split="validation"))
+    sources.get_source(tiny_config(eval_split="validation"))
 
 
 def test_bad_normalisation():
   with pytest.raises(ValueError, match=r"config.pp.mean=\(0.5, 128.0, 0.5\)"):
-    ip.normalization(tiny_config(**{"pp.mean": (0.5, 128.0, 0.5)}))
-  assert ip.normalization(tiny_config(**{"pp.mean": None, "pp.std": None})) == (
+    batches.normalization(tiny_config(**{"pp.mean": (0.5, 128.0, 0.5)}))
+  assert batches.normalization(tiny_config(**{"pp.mean": None, "pp.std": None})) == (
       (0.5,) * 3, (0.5,) * 3)
 
 
 def test_bad_crop_mode(src):
   cfg = tiny_config(**{"pp.crop": "zoom"})
   with pytest.raises(ValueError, match="config.pp.crop='zoom'"):
-    ip.train_dataset(cfg, src, local_batch=4, start_step=0, process_index=0,
+    batches.train_dataset(cfg, src, local_batch=4, start_step=0, process_index=0,
                      process_count=1, mean=MEAN, std=STD)
 
 
@@ -227,8 +228,8 @@ def test_uint8_batches_normalised_on_the_device_are_the_host_numbers(src):
   mean, std = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)
   cfg = tiny_config(image_size=12, **{"pp.randaugment_layers": 2})
   kw = dict(local_batch=16, start_step=5, process_index=0, process_count=1)
-  u8 = _batches(ip.train_dataset(cfg, src, **kw), 2)
-  host = _batches(ip.train_dataset(cfg, src, mean=mean, std=std, **kw), 2)
+  u8 = _batches(batches.train_dataset(cfg, src, **kw), 2)
+  host = _batches(batches.train_dataset(cfg, src, mean=mean, std=std, **kw), 2)
   norm = jax.jit(lambda x: train_step.normalize_images(x, mean, std))
   for a, b in zip(u8, host):
     assert a["image"].dtype == np.uint8 and a["image"].shape == (16, 12, 12, 3)
@@ -236,16 +237,16 @@ def test_uint8_batches_normalised_on_the_device_are_the_host_numbers(src):
     np.testing.assert_allclose(np.asarray(norm(a["image"])), b["image"],
                                rtol=0, atol=1e-6)
   # Eval: the jitted eval step on uint8 batches, on host-normalised ones.
-  ev = ip.eval_dataset(cfg, src, local_batch=64, process_index=0,
+  ev = batches.eval_dataset(cfg, src, local_batch=64, process_index=0,
                        process_count=1)[0]
-  ev_host = ip.eval_dataset(cfg, src, local_batch=64, process_index=0,
+  ev_host = batches.eval_dataset(cfg, src, local_batch=64, process_index=0,
                             process_count=1, mean=mean, std=std)[0]
   model = models.get_model("vit_ti_4", hidden_size=32, num_layers=1,
                            num_heads=2, mlp_dim=64, num_classes=10)
   v = model.init(jax.random.key(0), jnp.zeros((1, 12, 12, 3)), train=False)
   on_device = jax.jit(train_step.make_eval_step(model, 10, mean=mean, std=std))
   on_host = jax.jit(train_step.make_eval_step(model, 10))
-  a, b = next(ip.as_numpy(ev)), next(ip.as_numpy(ev_host))
+  a, b = next(batches.as_numpy(ev)), next(batches.as_numpy(ev_host))
   assert a["image"].dtype == np.uint8 and b["image"].dtype == np.float32
   got, want = on_device(v["params"], {}, a), on_host(v["params"], {}, b)
   for k in train_step.EVAL_SUMS:
@@ -274,12 +275,12 @@ def test_decode_and_crop_jpeg_gives_todays_crops():
                                       "pp.flip": True})
   for h, w in ((61, 80), (97, 53), (64, 64)):
     data = tf.constant(_jpeg_bytes(rng, h, w))
-    assert tuple(ip._shape(data).numpy()) == (h, w, 3)
+    assert tuple(transforms._shape(data).numpy()) == (h, w, 3)
     pixels = tf.io.decode_jpeg(data, channels=3)
     for s in range(6):
       seed = tf.constant([s, 7 * s + 1], tf.int64)
-      a = ip.preprocess_train(data, seed, pp=cfg.pp, image_size=24)
-      b = ip.preprocess_train(pixels, seed, pp=cfg.pp, image_size=24)
+      a = transforms.preprocess_train(data, seed, pp=cfg.pp, image_size=24)
+      b = transforms.preprocess_train(pixels, seed, pp=cfg.pp, image_size=24)
       assert a.dtype == tf.uint8
       np.testing.assert_array_equal(a.numpy(), b.numpy())
     # Windows at odd offsets (chroma blocks split), directly.
@@ -289,13 +290,13 @@ def test_decode_and_crop_jpeg_gives_todays_crops():
       windows.append((rng.randint(0, h - hh + 1), rng.randint(0, w - ww + 1),
                       hh, ww))
     for y0, x0, hh, ww in windows:
-      got = ip._decode_crop(data, tf.constant([y0, x0, 0]),
+      got = transforms._decode_crop(data, tf.constant([y0, x0, 0]),
                             tf.constant([hh, ww, -1]))
       np.testing.assert_array_equal(got.numpy(),
                                     pixels[y0:y0 + hh, x0:x0 + ww].numpy())
   # A PNG takes the decode-then-slice path, with the same window.
   png = tf.io.encode_png(pixels)
-  a = ip._decode_crop(png, tf.constant([2, 4, 0]), tf.constant([10, 12, -1]))
+  a = transforms._decode_crop(png, tf.constant([2, 4, 0]), tf.constant([10, 12, -1]))
   np.testing.assert_array_equal(a.numpy(), pixels[2:12, 4:16].numpy())
 
 
@@ -308,7 +309,7 @@ def test_the_next_epoch_is_read_ahead_in_the_same_order():
 
   want = list(tf.data.Dataset.range(2, 7).flat_map(epoch).as_numpy_iterator())
   got = list(tf.data.Dataset.range(2, 7).apply(
-      ip._epochs_in_sequence(epoch)).as_numpy_iterator())
+      batches._epochs_in_sequence(epoch)).as_numpy_iterator())
   assert got == want and len(got) == 5 * 37
   assert got[:37] != got[37:74]  # epochs are reshuffled
 
@@ -329,7 +330,7 @@ def test_start_global_copies_ahead_in_order(ahead):
       "image": tf.TensorSpec((4, 2, 2, 3), tf.uint8)})
   mesh = sharding.make_mesh(jax.devices()[:1], 1)
   seen = []
-  for k, b in enumerate(ip.start_global(ds, sharding.batch_sharding(mesh),
+  for k, b in enumerate(batches.start_global(ds, sharding.batch_sharding(mesh),
                                         ahead=ahead)):
     assert isinstance(b["image"], jax.Array) and b["image"].dtype == np.uint8
     seen.append(int(b["image"][0, 0, 0, 0]))
@@ -342,17 +343,17 @@ _STOP_EARLY = r"""
 import gc, sys
 sys.path[:0] = ["tests", "."]
 from train_helpers import tiny_config
-from vit_jax import input_pipeline as ip
+from vit_jax.data import batches, sources
 cfg = tiny_config(cache={cache})
-src = ip.get_source(cfg)
-ds = ip.train_dataset(cfg, src, local_batch=16, start_step=0, process_index=0,
-                      process_count=1)
-it = ip.as_numpy(ds)
+src = sources.get_source(cfg)
+ds = batches.train_dataset(cfg, src, local_batch=16, start_step=0,
+                          process_index=0, process_count=1)
+it = batches.as_numpy(ds)
 for _ in range(2):  # far less than an epoch, as a short run reads
   next(it)
-ev, n = ip.eval_dataset(cfg, src, local_batch=64, process_index=0,
-                        process_count=1)
-assert len(list(ip.as_numpy(ev))) == n
+ev, n = batches.eval_dataset(cfg, src, local_batch=64, process_index=0,
+                            process_count=1)
+assert len(list(batches.as_numpy(ev))) == n
 del it, ds, ev
 gc.collect()
 print("read", file=sys.stderr)

@@ -16,7 +16,7 @@ from PIL import Image
 
 from train_helpers import REPO
 from vit_jax import formats, inference
-from vit_jax.data import pipeline as input_pipeline, labels
+from vit_jax.data import batches, labels, sources
 from vit_jax import predict as predict_lib
 
 SIZE = 32  # torchvision weights at 32px: a 2x2 grid of 16px patches
@@ -193,13 +193,13 @@ def test_npz_and_safetensors_checkpoints(files, tmp_path):
 
 def test_orbax_training_checkpoint_uses_the_eval_pipeline(digits_run, tmp_path):
   workdir, cfg = digits_run
-  src = input_pipeline.get_source(cfg)
+  src = sources.get_source(cfg)
   loaded = inference.load(workdir)
   assert loaded.kind == "orbax" and loaded.label_names == [str(i) for i in range(10)]
-  ds, _ = input_pipeline.eval_dataset(
+  ds, _ = batches.eval_dataset(
       cfg, src, local_batch=8, process_index=0, process_count=1,
       mean=loaded.preprocessing.mean, std=loaded.preprocessing.std)
-  batch = next(input_pipeline.as_numpy(ds))
+  batch = next(batches.as_numpy(ds))
   # The same test examples as PNG files (8x8 grey, as stored in the dataset).
   import tensorflow_datasets as tfds  # pylint: disable=import-outside-toplevel
   raw = tfds.builder("digits", data_dir=cfg.data_dir).as_dataset(

@@ -14,9 +14,10 @@ import pytest
 
 from train_helpers import (REPO, digits_data_dir, metric_rows, run,
                            start_rows, tiny_config, tiny_overrides, train_cmd)
+from vit_jax.weights import orbax
 from vit_jax.train import checkpoint, loop as train_loop
 from vit_jax import convert, train as train_lib
-from vit_jax.data import pipeline as input_pipeline
+from vit_jax.data import batches, preprocessing, sources
 
 ONE = jax.devices()[:1]
 
@@ -26,12 +27,12 @@ def _train(config, workdir, devices=ONE):
 
 
 def _eval_accuracy(model, variables, info, config):
-  src = input_pipeline.get_source(config)
-  ds, _ = input_pipeline.eval_dataset(
+  src = sources.get_source(config)
+  ds, _ = batches.eval_dataset(
       config, src, local_batch=64, process_index=0, process_count=1,
       mean=info["mean"], std=info["std"])
   correct = count = 0
-  for b in input_pipeline.as_numpy(ds):
+  for b in batches.as_numpy(ds):
     logits = model.apply(variables, b["image"], train=False)
     correct += float(np.sum((np.argmax(logits, -1) == b["label"]) * b["mask"]))
     count += float(b["mask"].sum())
@@ -69,7 +70,7 @@ def test_tiny_run_writes_everything_and_loads_for_inference(tmp_path):
       3e-3 * 0.5 * (1 + np.cos(np.pi / 6)), rel=1e-5)
   assert rows[6]["learning_rate"] < rows[4]["learning_rate"] < 3e-3
 
-  model, variables, info = checkpoint.load_for_inference(str(tmp_path))
+  model, variables, info = orbax.load_for_inference(str(tmp_path))
   assert info["step"] == 6 and info["image_size"] == 8
   assert info["label_names"] == [str(i) for i in range(10)]
   assert info["mean"] == (0.5, 0.5, 0.5) and info["std"] == (0.5, 0.5, 0.5)
@@ -97,7 +98,7 @@ def test_scanned_bf16_grad_accum_augmented_run_loads_unscanned(tmp_path):
   state = out["state"]
   assert state.params["Transformer"]["encoderblock"]["LayerNorm_0"]["scale"].shape == (2, 32)
   assert state.params["head"]["kernel"].dtype == np.float32  # f32 params
-  model, variables, info = checkpoint.load_for_inference(str(tmp_path))
+  model, variables, info = orbax.load_for_inference(str(tmp_path))
   assert not model.scan_layers and "encoderblock_1" in variables["params"]["Transformer"]
   np.testing.assert_array_equal(
       variables["params"]["Transformer"]["encoderblock_1"]["LayerNorm_0"]["scale"],
@@ -129,10 +130,10 @@ def test_finetune_starts_from_converted_torchvision_weights(tmp_path):
   sd = _tiny_torchvision_pth(pth)
   cfg = tiny_config(**_finetune_overrides(pth))
   _train(cfg, tmp_path / "run")
-  model, variables, info = checkpoint.load_for_inference(str(tmp_path / "run"))
+  model, variables, info = orbax.load_for_inference(str(tmp_path / "run"))
   # Normalisation follows the weights: torchvision's ImageNet statistics.
-  assert info["mean"] == input_pipeline.IMAGENET_MEAN
-  assert info["std"] == input_pipeline.IMAGENET_STD
+  assert info["mean"] == preprocessing.IMAGENET_MEAN
+  assert info["std"] == preprocessing.IMAGENET_STD
   assert start_rows(tmp_path / "run")[0]["init_weights"] == str(pth)
   # With lr 0 one SGD step leaves the converted weights as they were; the
   # 2x2 position grid was resampled to 3x3 for 24-pixel images and the head
@@ -152,8 +153,8 @@ def test_finetune_starts_from_converted_torchvision_weights(tmp_path):
 def test_released_weights_offline_fail_fast(tmp_path, monkeypatch):
   import torch
   from vit_jax import weights
-  from vit_jax.weights import files
-  monkeypatch.setattr(files, "online", lambda *a, **k: False)
+  from vit_jax.data import net
+  monkeypatch.setattr(net, "online", lambda *a, **k: False)
   monkeypatch.setattr(torch.hub, "get_dir", lambda: str(tmp_path))
   with pytest.raises(weights.CheckpointError, match=r"not cached at .*vit_b_16-"
                      r".*download.pytorch.org cannot be reached"):
@@ -186,7 +187,7 @@ def test_nan_loss_stops_and_keeps_the_last_good_checkpoint(tmp_path):
     _train(bad, tmp_path)
   m = checkpoint.CheckpointManager(str(tmp_path / "checkpoints"), read_only=True)
   assert m.all_steps() == [3]
-  _, variables, info = checkpoint.load_for_inference(str(tmp_path))
+  _, variables, info = orbax.load_for_inference(str(tmp_path))
   assert info["step"] == 3
   assert all(np.all(np.isfinite(x)) for x in jax.tree_util.tree_leaves(variables))
   # Diverging before the first checkpoint: there is none to point to.

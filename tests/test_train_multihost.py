@@ -34,7 +34,7 @@ EXIT_LIMIT = PEER_TIMEOUT + 25  # s for both to exit once they should
 _WORKER = r"""
 import json, os, sys, time
 sys.path.insert(0, os.path.join(os.getcwd(), "tests"))
-from vit_jax import multihost
+from vit_jax.train import multihost
 multihost.install_sigterm_handler()  # as train.py does, first thing
 pid, port, workdir, overrides = sys.argv[1], sys.argv[2], sys.argv[3], sys.argv[4]
 overrides = json.loads(overrides)
@@ -46,7 +46,8 @@ sys.argv = argv  # config_flags finds --config.* overrides in sys.argv
 import numpy as np
 import train  # train.py: its flags and jax.distributed set-up
 import jax
-from vit_jax import checkpoint, train_lib, train_step
+from vit_jax.train import checkpoint, step as train_step
+from vit_jax import train as train_lib
 
 def pause_at(kind, step):
   # Test hook: this process stands still at a chosen point for a while.
@@ -235,8 +236,8 @@ def test_two_processes_train_together(tmp_path):
   assert all(r["eval_examples"] == 359 for r in evals)
   assert evals[-1]["eval_accuracy"] == outs[0]["eval_accuracy"]
   # The shared checkpoint holds the same parameters.
-  from vit_jax.train import checkpoint
-  _, variables, info = checkpoint.load_for_inference(str(tmp_path))
+  from vit_jax.weights import orbax
+  _, variables, info = orbax.load_for_inference(str(tmp_path))
   assert info["step"] == total
   np.testing.assert_array_equal(variables["params"]["head"]["kernel"],
                                 a["['head']['kernel']"])
@@ -311,8 +312,8 @@ def test_a_killed_peer_stops_the_survivor_and_the_pair_resumes(tmp_path,
     assert (f"The last complete checkpoint is step {last} in "
             f"{tmp_path / 'checkpoints'}" in err), pair.report()
 
-  from vit_jax.train import checkpoint
-  _, _, info = checkpoint.load_for_inference(str(tmp_path))
+  from vit_jax.weights import orbax
+  _, _, info = orbax.load_for_inference(str(tmp_path))
   assert info["step"] == last
   outs = _run(tmp_path, _overrides(total_steps=last + 20))
   assert outs[0]["step"] == outs[1]["step"] == last + 20

@@ -14,7 +14,8 @@ import json, os, shutil, sys, tempfile
 sys.path.insert(0, os.path.join(os.getcwd(), "tests"))
 import train_helpers as th
 import jax
-from vit_jax import metrics, train_lib
+from vit_jax.train import metrics
+from vit_jax import train as train_lib
 
 assert len(jax.devices()) == 8, jax.devices()
 base = dict(total_steps=4, log_every=1, eval_every=4, checkpoint_every=2)

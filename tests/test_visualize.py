@@ -207,8 +207,8 @@ def test_pca_picture_at_a_high_non_square_resolution(files, tmp_path, capsys):
           "b_rollout.png", "a_attention_layer1.png",
           "b_attention_layer1.png"} == set(os.listdir(out))
   assert _is_png(os.path.join(out, "a_feature_pca.png"))
-  loaded = vis.inference.load(files["npz"])
-  img = vis.inference.read_image(files["a.png"])
+  loaded = vis.weights.load(files["npz"])
+  img = vis.image_files.read_image(files["a.png"])
   x = vis.pca_input(img, loaded.preprocessing, 96, 16)
   assert x.shape == (96, 128, 3)
   grid = vis.make_patch_features_fn(loaded.model, 1)(loaded.variables, x[None])

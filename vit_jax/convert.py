@@ -11,15 +11,14 @@ torch tensors or models, so ``from vit_jax import convert`` works without it.
 
 from __future__ import annotations
 
-import collections
 from typing import Any, NamedTuple, Optional, Sequence
 
-import numpy as np
 
 from vit_jax.data.preprocessing import Preprocessing  # noqa: F401  (public name)
-from vit_jax.weights import build, files
+from vit_jax.weights import build, files, saving, twins
 from vit_jax.weights.check import check_keys  # noqa: F401
-from vit_jax.weights.posemb import resample_posemb, resize_posemb  # noqa: F401
+from vit_jax.weights.posemb import (  # noqa: F401
+    resample_patch_embed, resample_posemb, resize_posemb)
 from vit_jax.weights.trees import stack_layers, unstack_layers  # noqa: F401
 
 __all__ = [
@@ -62,50 +61,28 @@ def from_torchvision(state_dict, name: str, *, image_size=None,
                                image_size=image_size, **model_overrides)
 
 
-def params_to_torchvision(variables) -> "collections.OrderedDict[str, np.ndarray]":
+def params_to_torchvision(variables):
   """Our tree (per-layer or scanned) -> torchvision's state dict, as numpy
   arrays in torchvision's own key order (no torch needed)."""
-  return build.to_state_dict(variables, "torchvision")
+  return saving.to_state_dict(variables, "torchvision")
 
 
-def to_torchvision(variables) -> "collections.OrderedDict":
+def to_torchvision(variables):
   """Flax variables -> a torchvision state dict of torch tensors.
 
   Loads with ``strict=True`` into ``torchvision.models.<name>(num_classes=...,
   image_size=..., representation_size=...)`` built to match (see
   :func:`to_torchvision_model`, which does that for you).
   """
-  import torch  # pylint: disable=import-outside-toplevel
-
-  return collections.OrderedDict(
-      (k, torch.from_numpy(np.array(x))) for k, x in
-      params_to_torchvision(variables).items())
+  return saving.to_torch(params_to_torchvision(variables))
 
 
 def to_torchvision_model(variables, name, conv_stem=None, **arch_overrides):
   """Builds the matching torchvision ``VisionTransformer`` and loads
   ``variables`` into it with ``strict=True``. A conv stem's strides are
   ``conv_stem``'s (e.g. ``model.conv_stem``), else inferred as on load."""
-  files.torch_after_tensorflow()
-  import torchvision  # pylint: disable=import-outside-toplevel
-  from torchvision.models.vision_transformer import ConvStemConfig
-
-  model, _ = build.from_tree(variables, name, conv_stem=conv_stem,
-                             **arch_overrides)
-  from vit_jax.weights import trees  # pylint: disable=import-outside-toplevel
-  image_size = trees.native_image_size(unstack_layers(dict(variables)), model)
-  kwargs = dict(image_size=image_size, patch_size=model.patch_size,
-                num_layers=model.num_layers, num_heads=model.num_heads,
-                hidden_dim=model.hidden_size, mlp_dim=model.mlp_dim,
-                num_classes=model.num_classes or 0,
-                representation_size=model.representation_size)
-  if model.conv_stem:
-    kwargs["conv_stem_configs"] = [
-        ConvStemConfig(c.out_channels, c.kernel_size, c.stride)
-        for c in model.conv_stem]
-  tv = torchvision.models.VisionTransformer(**kwargs)
-  tv.load_state_dict(to_torchvision(variables), strict=True)
-  return tv.eval()
+  return twins.torchvision_model(variables, name, conv_stem=conv_stem,
+                                 **arch_overrides)
 
 
 def load_state_dict_file(path: str):
@@ -113,13 +90,6 @@ def load_state_dict_file(path: str):
   pickled code (``torch.load(weights_only=True)``); unwraps training
   checkpoints' ``{'model': ...}`` / ``{'state_dict': ...}``."""
   return files.read_torch(path)
-
-
-def resample_patch_embed(kernel, new_patch_size, **kwargs):
-  """FlexiViT's pseudo-inverse resampling of a (P, P, C, D) patch-embedding
-  kernel to another patch size; see :mod:`vit_jax.weights.posemb`."""
-  from vit_jax.weights import posemb  # pylint: disable=import-outside-toplevel
-  return posemb.resample_patch_embed(kernel, new_patch_size, **kwargs)
 
 
 class TorchvisionWeights(NamedTuple):

@@ -2,10 +2,10 @@ r"""Top-1 / top-5 accuracy of a checkpoint on a tfds split.
 
     python -m vit_jax.evaluate --checkpoint /tmp/digits      # its own test split
     python -m vit_jax.evaluate --checkpoint vit_b_16.pth --model vit_b_16 \
-        --dataset imagenet2012 --split validation --data_dir ~/tensorflow_datasets
+        --dataset imagenet2012 --split validation --data-dir ~/tensorflow_datasets
 
 The data goes through the training pipeline's eval path
-(:func:`vit_jax.data.pipeline.eval_dataset`: resize the short side, center
+(:func:`vit_jax.data.batches.eval_dataset`: resize the short side, center
 crop, normalise with the weights' mean/std; the last batch padded with
 ``mask == 0`` examples) and training's eval step and loop
 (:func:`vit_jax.train.step.evaluate`), so every example of the split is
@@ -17,18 +17,17 @@ order (for ImageNet weights on tfds ``imagenet2012`` they do).
 
 from __future__ import annotations
 
-import argparse
 import json
 import sys
 import time
 from typing import Optional, Sequence, Union
 
+from vit_jax import cli, weights
 from vit_jax.data import console
-from vit_jax import inference
 
 
 def _eval_config(dataset: str, split: str, data_dir: Optional[str],
-                 download: bool, loaded: inference.Loaded):
+                 download: bool, loaded: weights.Loaded):
   import ml_collections  # pylint: disable=import-outside-toplevel
 
   pre = loaded.preprocessing
@@ -39,18 +38,19 @@ def _eval_config(dataset: str, split: str, data_dir: Optional[str],
       "train_split": split, "eval_split": split,
       "image_size": int(pre.crop_size), "cache": False, "prefetch": 2,
       "pp": {"eval_crop_fraction": float(pre.crop_size) / float(pre.resize_size)},
+      "flags": ("--data-dir", "--no-download was given"),  # named in errors
   })
 
 
-def eval_source(loaded: inference.Loaded, dataset: Optional[str] = None,
+def eval_source(loaded: weights.Loaded, dataset: Optional[str] = None,
                 split: Optional[str] = None, data_dir: Optional[str] = None,
                 download: bool = True, needs_head: bool = False):
-  """(config, :class:`~vit_jax.data.pipeline.DataSource`) of
+  """(config, :class:`~vit_jax.data.sources.DataSource`) of
   ``dataset[split]`` as the evaluation pipeline reads it for ``loaded``
   (its preprocessing's crop and resize). For a training checkpoint,
   ``dataset`` / ``split`` / ``data_dir`` default to its run's (its eval
   split); ``needs_head``: refuse a model without a classification head."""
-  from vit_jax.data import pipeline as input_pipeline  # pylint: disable=import-outside-toplevel
+  from vit_jax.data import batches, sources  # pylint: disable=import-outside-toplevel
 
   run = loaded.info.get("config") or {}  # a training run's config
   dataset = dataset or run.get("dataset")
@@ -58,17 +58,17 @@ def eval_source(loaded: inference.Loaded, dataset: Optional[str] = None,
   if data_dir is None:
     data_dir = run.get("data_dir")
   if not dataset:
-    raise ValueError("Which dataset? Pass dataset= (--dataset), e.g. "
+    raise ValueError("Which dataset? Pass --dataset (dataset=), e.g. "
                      "'imagenet2012' with split 'validation', or "
                      "'folder:/path/to/images'.")
   if needs_head and not loaded.num_classes:
     raise ValueError(f"{loaded.description}: no classification head to "
                      f"evaluate.")
   config = _eval_config(dataset, split, data_dir, download, loaded)
-  return config, input_pipeline.get_source(config)
+  return config, sources.get_source(config)
 
 
-def evaluate(checkpoint: Union[str, inference.Loaded], *,
+def evaluate(checkpoint: Union[str, weights.Loaded], *,
              dataset: Optional[str] = None, split: Optional[str] = None,
              data_dir: Optional[str] = None, batch_size: int = 256,
              download: bool = True, model_name: Optional[str] = None,
@@ -82,12 +82,12 @@ def evaluate(checkpoint: Union[str, inference.Loaded], *,
   """
   import jax  # pylint: disable=import-outside-toplevel
 
-  from vit_jax.data import pipeline as input_pipeline  # pylint: disable=import-outside-toplevel
+  from vit_jax.data import batches, sources  # pylint: disable=import-outside-toplevel
   from vit_jax.train import step as train_step  # pylint: disable=import-outside-toplevel
 
-  loaded = (checkpoint if isinstance(checkpoint, inference.Loaded) else
-            inference.load(checkpoint, model_name=model_name,
-                           image_size=image_size))
+  loaded = (checkpoint if isinstance(checkpoint, weights.Loaded) else
+            weights.load(checkpoint, model_name=model_name,
+                         image_size=image_size))
   if batch_size < 1:
     raise ValueError(f"batch_size={batch_size}: expected >= 1")
   config, src = eval_source(loaded, dataset, split, data_dir, download,
@@ -99,7 +99,7 @@ def evaluate(checkpoint: Union[str, inference.Loaded], *,
         f"The model has {num_classes} classes but {dataset!r} has "
         f"{src.num_classes}: this checkpoint was not trained for it.")
   pre = loaded.preprocessing
-  ds, num_batches = input_pipeline.eval_dataset(  # uint8 images
+  ds, num_batches = batches.eval_dataset(  # uint8 images
       config, src, local_batch=int(batch_size), process_index=0,
       process_count=1)
   eval_step = jax.jit(train_step.make_eval_step(
@@ -107,7 +107,7 @@ def evaluate(checkpoint: Union[str, inference.Loaded], *,
   start = time.time()
   totals = train_step.evaluate(eval_step, loaded.variables["params"],
                                loaded.variables.get("batch_stats", {}),
-                               input_pipeline.as_numpy(ds))
+                               batches.as_numpy(ds))
   count = int(round(totals["count"]))
   if count != src.num_eval:
     raise RuntimeError(f"Counted {count} examples, but {dataset}[{split}] has "
@@ -133,22 +133,11 @@ def format_result(r: dict) -> str:
           f"{r['batch_size']}, {r['seconds']:.1f}s]")
 
 
-def _parser() -> argparse.ArgumentParser:
-  ap = argparse.ArgumentParser(
-      prog="python -m vit_jax.evaluate",
-      description="Top-1/top-5 accuracy of a ViT checkpoint on a tfds split.")
-  ap.add_argument("--checkpoint", required=True, help=inference.SUPPORTED)
-  ap.add_argument("--model", default=None,
-                  help="variant when the weights cannot tell (vit_b_16, ...)")
-  ap.add_argument("--dataset", default=None,
-                  help="tfds name or image folder (default: the run's)")
-  ap.add_argument("--split", default=None,
-                  help="split to evaluate (default: the run's eval split)")
-  ap.add_argument("--data_dir", default=None)
-  ap.add_argument("--batch_size", type=int, default=256)
-  ap.add_argument("--image_size", type=int, default=None)
-  ap.add_argument("--no_download", action="store_true",
-                  help="fail instead of downloading a missing dataset")
+def _parser():
+  ap = cli.parser("vit_jax.evaluate",
+                  "Top-1/top-5 accuracy of a ViT checkpoint on a tfds split.")
+  cli.add_checkpoint(ap)
+  cli.add_dataset(ap, what="split to evaluate")
   ap.add_argument("--json", action="store_true", help="print a JSON object")
   return ap
 
@@ -156,16 +145,14 @@ def _parser() -> argparse.ArgumentParser:
 def main(argv: Optional[Sequence[str]] = None) -> int:
   console.quiet_native_logs()
   args = _parser().parse_args(argv)
-  try:
-    result = evaluate(args.checkpoint, dataset=args.dataset, split=args.split,
+
+  def run():
+    result = evaluate(cli.load(args), dataset=args.dataset, split=args.split,
                       data_dir=args.data_dir, batch_size=args.batch_size,
-                      download=not args.no_download, model_name=args.model,
-                      image_size=args.image_size)
-  except (inference.CheckpointError, FileNotFoundError, ValueError) as e:
-    print(f"error: {e}", file=sys.stderr)
-    return 1
-  print(json.dumps(result) if args.json else format_result(result))
-  return 0
+                      download=not args.no_download)
+    print(json.dumps(result) if args.json else format_result(result))
+    return 0
+  return cli.run(run)
 
 
 if __name__ == "__main__":

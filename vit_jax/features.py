@@ -7,11 +7,11 @@ r"""Embeddings (and patch grids) of every example of a dataset split, to .npz.
     python -m vit_jax.probe --train runs/digits/feats_train.npz \
         --test runs/digits/feats_test.npz              # k-NN + linear probe
 
-Any checkpoint :func:`vit_jax.weights.load` accepts (``--patch_size`` and
-``--image_size`` as there); ``--dataset`` is a tfds name or
+Any checkpoint :func:`vit_jax.weights.load` accepts (``--patch-size`` and
+``--image-size`` as there); ``--dataset`` is a tfds name or
 ``folder:/path`` (``<dir>/<split>/<label>/*.jpg``), default the run's. The
 data goes through the evaluation pipeline
-(:func:`vit_jax.data.pipeline.eval_dataset`: resize, center crop, the
+(:func:`vit_jax.data.batches.eval_dataset`: resize, center crop, the
 weights' mean/std; the last batch padded with ``mask == 0`` examples, which
 are dropped), batched over all devices (a ``('data',)`` mesh; each process
 reads its own slice), so every example is embedded exactly once; the count
@@ -21,7 +21,7 @@ The ``.npz`` holds ``embeddings`` (N, D) float32: the pooled features
 before the head (timm's ``forward_head(pre_logits=True)``: the class token
 after the final LayerNorm, or the mean / MAP pooling, ``fc_norm`` and
 ``pre_logits`` where the model has them), ``labels`` (N,) int32,
-``label_names``, and with ``--patch_grids`` the patch tokens of one block
+``label_names``, and with ``--patch-grids`` the patch tokens of one block
 (``--layer``, default the last) through the final LayerNorm as a (N, h, w,
 D) grid (:meth:`~vit_jax.models.VisionTransformer.forward_intermediates`;
 kept in memory: mind N * h * w * D). Rows are in the split's order (on
@@ -30,7 +30,6 @@ several processes: grouped by process within each batch).
 
 from __future__ import annotations
 
-import argparse
 import os
 import sys
 import time
@@ -38,7 +37,7 @@ from typing import Callable, Dict, Optional, Sequence, Union
 
 import numpy as np
 
-from vit_jax import inference
+from vit_jax import cli, weights
 
 
 def make_feature_fn(model, grid_layer: Optional[int] = None) -> Callable:
@@ -69,7 +68,7 @@ def _eta(seconds: float) -> str:
   return f"{seconds // 60}m{seconds % 60:02d}s"
 
 
-def extract(checkpoint: Union[str, inference.Loaded], *,
+def extract(checkpoint: Union[str, weights.Loaded], *,
             dataset: Optional[str] = None, split: Optional[str] = None,
             data_dir: Optional[str] = None, batch_size: int = 256,
             download: bool = True, model_name: Optional[str] = None,
@@ -86,22 +85,22 @@ def extract(checkpoint: Union[str, inference.Loaded], *,
   from jax.experimental import multihost_utils  # pylint: disable=import-outside-toplevel
   from jax.sharding import NamedSharding, PartitionSpec  # pylint: disable=import-outside-toplevel
 
-  from vit_jax import evaluate, train as train_lib, visualize  # pylint: disable=import-outside-toplevel
-  from vit_jax.data import pipeline as input_pipeline  # pylint: disable=import-outside-toplevel
+  from vit_jax import evaluate, train as train_lib  # pylint: disable=import-outside-toplevel
+  from vit_jax.data import batches  # pylint: disable=import-outside-toplevel
 
-  if isinstance(checkpoint, inference.Loaded):
+  if isinstance(checkpoint, weights.Loaded):
     loaded = checkpoint
   else:
     overrides = {"patch_size": patch_size} if patch_size else {}
-    loaded = inference.load(checkpoint, model_name=model_name,
-                            image_size=image_size, **overrides)
+    loaded = weights.load(checkpoint, model_name=model_name,
+                          image_size=image_size, **overrides)
   if batch_size < 1:
     raise ValueError(f"batch_size={batch_size}: expected >= 1")
   config, src = evaluate.eval_source(loaded, dataset, split, data_dir,
                                      download)
   dataset, split = config.dataset, config.eval_split
   model = loaded.model
-  grid_layer = (visualize.resolve_layer(layer, model.num_layers)
+  grid_layer = (cli.resolve_layer(layer, model.num_layers)
                 if patch_grids else None)
 
   # Mesh and input: every device, every process its own slice.
@@ -109,7 +108,7 @@ def extract(checkpoint: Union[str, inference.Loaded], *,
   n_dev, n_proc = jax.device_count(), jax.process_count()
   global_batch = -(-int(batch_size) // n_dev) * n_dev
   pre = loaded.preprocessing
-  ds, num_batches = input_pipeline.eval_dataset(
+  ds, num_batches = batches.eval_dataset(
       config, src, local_batch=global_batch // n_proc,
       process_index=jax.process_index(), process_count=n_proc,
       mean=tuple(pre.mean), std=tuple(pre.std))
@@ -121,7 +120,7 @@ def extract(checkpoint: Union[str, inference.Loaded], *,
   out = {"embeddings": [], "labels": [], "patch_grids": []}
   start = time.time()
   seen = 0
-  for step, batch in enumerate(input_pipeline.as_numpy(ds), 1):
+  for step, batch in enumerate(batches.as_numpy(ds), 1):
     # Host values of all processes, in the global batch's row order.
     keep = multihost_utils.process_allgather(batch["mask"], tiled=True) > 0
     labels = multihost_utils.process_allgather(batch["label"], tiled=True)
@@ -172,34 +171,19 @@ def save(path: str, arrays: Dict[str, np.ndarray]) -> str:
   return path if path.endswith(".npz") else path + ".npz"
 
 
-def _parser() -> argparse.ArgumentParser:
-  ap = argparse.ArgumentParser(
-      prog="python -m vit_jax.features",
-      description="Embeddings (and optionally patch grids) of every example "
+def _parser():
+  ap = cli.parser("vit_jax.features",
+                  "Embeddings (and optionally patch grids) of every example "
                   "of a dataset split, batched over all devices, to .npz.")
-  ap.add_argument("--checkpoint", required=True, help=inference.SUPPORTED)
-  ap.add_argument("--model", default=None,
-                  help="variant when the weights cannot tell (vit_b_16, ...)")
-  ap.add_argument("--dataset", default=None,
-                  help="tfds name or folder:/path (default: the run's)")
-  ap.add_argument("--split", default=None,
-                  help="split (default: the run's eval split), e.g. train, "
-                       "test, 'train[:10%%]'")
-  ap.add_argument("--data_dir", default=None)
+  cli.add_checkpoint(ap)
+  cli.add_dataset(ap)
   ap.add_argument("--out", required=True, help="output .npz file")
-  ap.add_argument("--batch_size", type=int, default=256,
-                  help="global batch (split over all devices)")
-  ap.add_argument("--image_size", type=int, default=None)
-  ap.add_argument("--patch_size", type=int, default=None,
-                  help="run at this patch size (FlexiViT resampling)")
-  ap.add_argument("--patch_grids", action="store_true",
+  ap.add_argument("--patch-grids", action="store_true",
                   help="also store one block's (N, h, w, D) patch tokens")
   ap.add_argument("--layer", type=int, default=-1,
-                  help="block of --patch_grids (0-based; -1 = last)")
-  ap.add_argument("--log_every", type=int, default=20,
+                  help="block of --patch-grids (0-based; -1 = last)")
+  ap.add_argument("--log-every", type=int, default=20,
                   help="progress line every this many batches")
-  ap.add_argument("--no_download", action="store_true",
-                  help="fail instead of downloading a missing dataset")
   return ap
 
 
@@ -218,8 +202,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         image_size=args.image_size, patch_size=args.patch_size,
         patch_grids=args.patch_grids, layer=args.layer,
         log_every=args.log_every, log=log)
-  except (inference.CheckpointError, FileNotFoundError, ValueError) as e:
-    print(f"error: {e}", file=sys.stderr)
+  except cli.USER_ERRORS as e:
+    cli.error(e)
     return 1
   import jax  # pylint: disable=import-outside-toplevel
   if jax.process_index() == 0:

@@ -4,7 +4,7 @@ r"""Top-k predictions for image files.
     python -m vit_jax.predict --checkpoint vit_b_16.pth --model vit_b_16 cat.jpg
     python -m vit_jax.predict --checkpoint augreg_Ti_16.npz photos/
 
-``--checkpoint`` is anything :func:`vit_jax.inference.load` reads (a training
+``--checkpoint`` is anything :func:`vit_jax.weights.load` reads (a training
 workdir, a torchvision/timm ``.pth``, a Google ``.npz``, a ``.safetensors``
 file); it can be repeated. Images are decoded (JPEG, PNG, ...), prepared the
 way the weights expect, run in batches, and the top-k labels are printed with
@@ -21,7 +21,6 @@ From Python::
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import json
 import os
@@ -30,8 +29,8 @@ from typing import List, Optional, Sequence, Tuple, Union
 
 import numpy as np
 
-from vit_jax.data import console
-from vit_jax import inference
+from vit_jax import cli, weights
+from vit_jax.data import console, images as image_files
 
 
 @dataclasses.dataclass
@@ -53,7 +52,7 @@ class Prediction:
 ImageLike = Union[str, os.PathLike, np.ndarray]
 
 
-def predict(checkpoint: Union[str, inference.Loaded],
+def predict(checkpoint: Union[str, weights.Loaded],
             images: Sequence[ImageLike], *, top_k: int = 5,
             batch_size: int = 32, model_name: Optional[str] = None,
             image_size: Optional[int] = None,
@@ -61,35 +60,35 @@ def predict(checkpoint: Union[str, inference.Loaded],
   """Top-``top_k`` predictions for each image, in order.
 
   Args:
-    checkpoint: a path :func:`vit_jax.inference.load` accepts, or an already
-      loaded :class:`~vit_jax.inference.Loaded`.
+    checkpoint: a path :func:`vit_jax.weights.load` accepts, or an already
+      loaded :class:`~vit_jax.weights.Loaded`.
     images: file paths, or decoded uint8 (H, W, 3) arrays.
     top_k: how many classes to report (at most the number of classes).
     batch_size: images per forward pass.
     model_name, image_size, label_file: passed to
-      :func:`vit_jax.inference.load`.
+      :func:`vit_jax.weights.load`.
 
   Returns:
     One :class:`Prediction` per image; images that cannot be read carry
     ``error`` instead of ``top``. A checkpoint that cannot be loaded raises
-    :class:`vit_jax.inference.CheckpointError`.
+    :class:`vit_jax.weights.CheckpointError`.
   """
   if top_k < 1:
     raise ValueError(f"top_k={top_k}: expected >= 1")
   if batch_size < 1:
     raise ValueError(f"batch_size={batch_size}: expected >= 1")
-  loaded = (checkpoint if isinstance(checkpoint, inference.Loaded) else
-            inference.load(checkpoint, model_name=model_name,
+  loaded = (checkpoint if isinstance(checkpoint, weights.Loaded) else
+            weights.load(checkpoint, model_name=model_name,
                            image_size=image_size, label_file=label_file))
   if loaded.head == "embedding":
-    raise inference.CheckpointError(
+    raise weights.CheckpointError(
         f"{loaded.description}: its head is a {loaded.embedding_dim}-d "
         f"image embedding (CLIP's projection into the image-text space), "
         f"not class scores, so there is nothing to predict. Image embeddings: "
         f"python -m vit_jax.features; a classifier: fine-tune with train.py "
         f"--config.init_weights=... (or load weights fine-tuned on classes).")
   if not loaded.num_classes:
-    raise inference.CheckpointError(
+    raise weights.CheckpointError(
         f"{loaded.description}: the model has no classification head, so "
         f"there is nothing to predict.")
   results, arrays, where = [], [], []
@@ -98,17 +97,17 @@ def predict(checkpoint: Union[str, inference.Loaded],
     results.append(Prediction(name))
     try:
       raw = (np.asarray(item) if isinstance(item, np.ndarray) else
-             inference.read_image(name))
+             image_files.read_image(name))
       if raw.ndim != 3 or raw.shape[-1] != 3:
-        raise inference.ImageError(f"{name}: expected an (H, W, 3) RGB image, "
+        raise image_files.ImageError(f"{name}: expected an (H, W, 3) RGB image, "
                                    f"got shape {raw.shape}")
       arrays.append(loaded.preprocess(raw))
       where.append(i)
-    except inference.ImageError as e:
+    except image_files.ImageError as e:
       results[i].error = str(e)
   if arrays:
-    fn = inference.make_probabilities_fn(loaded.model)
-    probs = inference.run_batches(fn, loaded.variables, np.stack(arrays),
+    fn = cli.make_probabilities_fn(loaded.model)
+    probs = cli.run_batches(fn, loaded.variables, np.stack(arrays),
                                   batch_size)
     k = min(top_k, probs.shape[-1])
     for i, p in zip(where, probs):
@@ -124,23 +123,14 @@ def format_prediction(p: Prediction) -> str:
   return "\n".join(lines)
 
 
-def _parser() -> argparse.ArgumentParser:
-  ap = argparse.ArgumentParser(
-      prog="python -m vit_jax.predict",
-      description="Top-k predictions of a ViT checkpoint for image files.")
+def _parser():
+  ap = cli.parser("vit_jax.predict",
+                  "Top-k predictions of a ViT checkpoint for image files.")
   ap.add_argument("images", nargs="+", metavar="IMAGE",
                   help="image files (JPEG, PNG, ...) or directories of them")
-  ap.add_argument("--checkpoint", action="append", required=True,
-                  help=f"{inference.SUPPORTED}; may be repeated")
-  ap.add_argument("--model", default=None,
-                  help="variant (vit_b_16, B/16, vit_base_patch16_224) when "
-                       "the weights cannot tell; checked when given")
-  ap.add_argument("--top_k", type=int, default=5)
-  ap.add_argument("--batch_size", type=int, default=32)
-  ap.add_argument("--image_size", type=int, default=None,
-                  help="run at this resolution (position embedding resampled)")
-  ap.add_argument("--labels", default=None,
-                  help="class names, one per line (or a JSON list)")
+  cli.add_checkpoint(ap, repeat=True, labels=True)
+  ap.add_argument("--top-k", type=int, default=5)
+  ap.add_argument("--batch-size", type=int, default=32)
   ap.add_argument("--json", action="store_true",
                   help="one JSON object per image on stdout")
   return ap
@@ -149,18 +139,15 @@ def _parser() -> argparse.ArgumentParser:
 def main(argv: Optional[Sequence[str]] = None) -> int:
   console.quiet_native_logs()
   args = _parser().parse_args(argv)
-  images = inference.expand_image_paths(args.images)
+  images = image_files.expand_image_paths(args.images)
   failed = False
   for ckpt in args.checkpoint:
     try:
-      loaded = inference.load(ckpt, model_name=args.model,
-                              image_size=args.image_size,
-                              label_file=args.labels)
+      loaded = cli.load(args, ckpt, label_file=args.labels)
       results = predict(loaded, images, top_k=args.top_k,
                         batch_size=args.batch_size)
-    except (inference.CheckpointError, FileNotFoundError, ValueError) as e:
-      sys.stdout.flush()
-      print(f"error: {e}", file=sys.stderr, flush=True)
+    except cli.USER_ERRORS as e:
+      cli.error(e)
       failed = True
       continue
     if not args.json:
@@ -169,8 +156,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     for r in results:
       if r.error is not None:
         failed = True
-        sys.stdout.flush()
-        print(f"error: {r.error}", file=sys.stderr, flush=True)
+        cli.error(r.error)
         if args.json:
           print(json.dumps({"checkpoint": ckpt, **r.as_dict()}))
       elif args.json:

@@ -9,7 +9,7 @@ frozen features:
 * **k-NN** (:func:`knn_accuracy`; Wu et al. 2018, DINO's ``eval_knn.py``):
   embeddings L2-normalised, each test example's ``k`` most cosine-similar
   training examples vote for their labels with weight ``exp(sim / T)``
-  (T = 0.07); top-1 (and top-5) of the summed votes. ``--knn_k 10,20``
+  (T = 0.07); top-1 (and top-5) of the summed votes. ``--knn-k 10,20``
   evaluates several k (DINO reports 20).
 * **linear probe** (:func:`linear_probe_accuracy`): multinomial logistic
   regression (scikit-learn, L-BFGS) on standardised embeddings; the L2
@@ -20,12 +20,13 @@ frozen features:
 
 from __future__ import annotations
 
-import argparse
 import json
 import sys
 from typing import Dict, Optional, Sequence, Tuple
 
 import numpy as np
+
+from vit_jax import cli
 
 C_GRID = (0.01, 0.1, 1.0, 10.0, 100.0)
 
@@ -149,18 +150,17 @@ def format_result(r: dict) -> str:
   return "\n".join(lines)
 
 
-def _parser() -> argparse.ArgumentParser:
-  ap = argparse.ArgumentParser(
-      prog="python -m vit_jax.probe",
-      description="k-NN and linear-probe top-1 of frozen embeddings written "
+def _parser():
+  ap = cli.parser("vit_jax.probe",
+                  "k-NN and linear-probe top-1 of frozen embeddings written "
                   "by python -m vit_jax.features.")
   ap.add_argument("--train", required=True, help="features .npz of the bank "
                   "/ the probe's training set")
   ap.add_argument("--test", required=True, help="features .npz to classify")
-  ap.add_argument("--knn_k", default="20",
+  ap.add_argument("--knn-k", default="20",
                   help="comma-separated k values (DINO: 20)")
   ap.add_argument("--temperature", type=float, default=0.07)
-  ap.add_argument("--no_linear", action="store_true",
+  ap.add_argument("--no-linear", action="store_true",
                   help="k-NN only (no logistic-regression probe)")
   ap.add_argument("--json", action="store_true", help="print a JSON object")
   return ap
@@ -173,7 +173,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     r = probe(args.train, args.test, ks, args.temperature,
               linear=not args.no_linear)
   except (FileNotFoundError, ValueError) as e:
-    print(f"error: {e}", file=sys.stderr)
+    cli.error(e)
     return 1
   print(json.dumps(r) if args.json else format_result(r))
   return 0

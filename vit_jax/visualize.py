@@ -14,7 +14,7 @@ for a model whose positions are rotary only, as DINOv3's). With
 ``--pca``, also ``<name>_feature_pca.png``: the first three principal
 components of layer L's patch features (through the final LayerNorm) as
 RGB, the picture DINOv2 made familiar. It is drawn at a high resolution
-(``--pca_size``, default 32 patches on the short side, keeping the image's
+(``--pca-size``, default 32 patches on the short side, keeping the image's
 aspect ratio) through dynamic resolution: the model is run with
 ``dynamic_img_size=True``, its position embedding resampled to that grid in
 the forward pass. The components are fitted jointly on all the images given,
@@ -30,7 +30,6 @@ patch receives, averaged over all query tokens.
 
 from __future__ import annotations
 
-import argparse
 import math
 import os
 import sys
@@ -38,150 +37,12 @@ from typing import List, Optional, Sequence
 
 import numpy as np
 
-from vit_jax.data import console
-from vit_jax import inference
-
-
-# --------------------------------------------------------------------------- #
-# Numbers.
-# --------------------------------------------------------------------------- #
-
-
-def make_attention_fn(model):
-  """jit(variables, images) -> (logits, attention probabilities of every
-  layer, (layers, batch, heads, N, N)), read from the model's own sown
-  ``intermediates``."""
-  import jax  # pylint: disable=import-outside-toplevel
-
-  sowing = model.clone(sow_attention_weights=True)
-
-  @jax.jit
-  def run(variables, images):
-    logits, state = sowing.apply(variables, images, train=False,
-                                 mutable=["intermediates"])
-    tr = state["intermediates"]["Transformer"]
-    if "encoderblock" in tr:  # scan_layers: stacked along a leading axis
-      return logits, tr["encoderblock"]["MultiHeadDotProductAttention_0"][
-          "attention_weights"][0]
-    blocks = sorted((k for k in tr if k.startswith("encoderblock_")),
-                    key=lambda k: int(k.rsplit("_", 1)[1]))
-    return logits, jax.numpy.stack([
-        tr[k]["MultiHeadDotProductAttention_0"]["attention_weights"][0]
-        for k in blocks])
-
-  return run
-
-
-def attention_weights(model, variables, images) -> np.ndarray:
-  """Attention probabilities of every layer: (layers, batch, heads, N, N)."""
-  return np.asarray(make_attention_fn(model)(variables, images)[1], np.float32)
-
-
-def num_prefix_tokens(model) -> int:
-  """Tokens before the patches: the class token, then registers."""
-  return int(model.num_prefix_tokens)
-
-
-def posemb_prefix_rows(model) -> int:
-  """Rows of the position embedding before the patches' (none with
-  ``no_embed_class``; only the class token's with ``no_embed_registers``)."""
-  if model.no_embed_class:
-    return 0
-  if getattr(model, "no_embed_registers", False):
-    return num_prefix_tokens(model) - int(model.num_registers)
-  return num_prefix_tokens(model)
-
-
-def class_attention(weights: np.ndarray, grid, prefix: int) -> np.ndarray:
-  """One layer's (heads, N, N) probabilities -> (heads, gh, gw): what the
-  class token attends to among the patches (without a class token: the
-  attention each patch receives, averaged over the queries)."""
-  if prefix:
-    att = weights[:, 0, prefix:]
-  else:
-    att = weights.mean(axis=1)
-  return att.reshape(weights.shape[0], *grid)
-
-
-def attention_rollout(weights: np.ndarray, grid, prefix: int) -> np.ndarray:
-  """Attention rollout (Abnar & Zuidema, 2020) of one image's (layers,
-  heads, N, N) probabilities: per layer the head-averaged attention plus the
-  identity (the residual path), rows renormalised, multiplied through the
-  layers; returns the class token's row over the patches, (gh, gw)."""
-  n = weights.shape[-1]
-  eye = np.eye(n, dtype=np.float64)
-  joint = eye
-  for layer in weights:
-    a = 0.5 * layer.mean(axis=0).astype(np.float64) + 0.5 * eye
-    a /= a.sum(axis=-1, keepdims=True)
-    joint = a @ joint
-  row = joint[0, prefix:] if prefix else joint.mean(axis=0)
-  return row.reshape(grid)
-
-
-def posemb_similarity(variables, prefix: int, grid=None) -> np.ndarray:
-  """Cosine similarity of each patch position's embedding with every other
-  one: (gh, gw, gh, gw), ``[i, j]`` being position (i, j)'s map."""
-  from vit_jax import convert  # pylint: disable=import-outside-toplevel
-
-  p = convert.unstack_layers(dict(variables))
-  p = p["params"] if "params" in p else p
-  pe = np.asarray(p["Transformer"]["posembed_input"]["pos_embedding"],
-                  np.float64)[0, prefix:]
-  if grid is None:
-    side = math.isqrt(pe.shape[0])
-    if side * side != pe.shape[0]:
-      raise ValueError(f"{pe.shape[0]} patch positions are not a square grid; "
-                       f"pass grid=(rows, cols)")
-    grid = (side, side)
-  unit = pe / np.maximum(np.linalg.norm(pe, axis=-1, keepdims=True), 1e-12)
-  sim = unit @ unit.T
-  return sim.reshape(*grid, *grid)
-
-
-def feature_pca(grids: Sequence[np.ndarray], n_components: int = 3
-                ) -> List[np.ndarray]:
-  """Patch features -> their first principal components, scaled to [0, 1].
-
-  ``grids`` are (h, w, D) arrays (any grid sizes); the components are fitted
-  on all their patches together (scikit-learn's PCA: signs fixed, so the
-  result is deterministic) and each is min-max scaled over all patches.
-  Returns one (h, w, n_components) array per grid."""
-  from sklearn.decomposition import PCA  # pylint: disable=import-outside-toplevel
-
-  flat = np.concatenate([np.asarray(g, np.float64).reshape(-1, g.shape[-1])
-                         for g in grids])
-  if flat.shape[0] < n_components:
-    raise ValueError(f"{flat.shape[0]} patches: too few for "
-                     f"{n_components} principal components")
-  proj = PCA(n_components=n_components, svd_solver="full").fit_transform(flat)
-  lo, hi = proj.min(axis=0), proj.max(axis=0)
-  proj = (proj - lo) / np.maximum(hi - lo, 1e-12)
-  out, start = [], 0
-  for g in grids:
-    n = g.shape[0] * g.shape[1]
-    out.append(proj[start:start + n].reshape(g.shape[0], g.shape[1], -1))
-    start += n
-  return out
-
-
-def make_patch_features_fn(model, layer: int):
-  """jit(variables, images) -> layer ``layer``'s patch tokens through the
-  final LayerNorm, (B, h, w, D), at any input size (the model runs with
-  ``dynamic_img_size=True``; each new size compiles once)."""
-  import jax  # pylint: disable=import-outside-toplevel
-
-  dynamic = model.clone(dynamic_img_size=True)
-
-  @jax.jit
-  def run(variables, images):
-    (grid,) = dynamic.apply(variables, images,
-                            method=dynamic.forward_intermediates,
-                            indices=[layer], norm=True,
-                            intermediates_only=True)
-    return grid
-
-  return run
+from vit_jax import cli, weights
+from vit_jax.data import console, images as image_files
+from vit_jax.models.analysis import (  # noqa: F401  (the numbers drawn here)
+    attention_rollout, attention_weights, class_attention, feature_pca,
+    make_attention_fn, make_patch_features_fn, num_prefix_tokens,
+    posemb_prefix_rows, posemb_similarity)
 
 
 def pca_input(image: np.ndarray, pre, size: int, patch: int) -> np.ndarray:
@@ -338,15 +199,7 @@ def _display(x: np.ndarray, pre) -> np.ndarray:
   return np.clip(img, 0.0, 1.0)
 
 
-def resolve_layer(layer: int, num_layers: int) -> int:
-  idx = layer + num_layers if layer < 0 else layer
-  if not 0 <= idx < num_layers:
-    raise ValueError(f"layer={layer}: the model has {num_layers} layers "
-                     f"(0..{num_layers - 1}, or -1 for the last)")
-  return idx
-
-
-def visualize(loaded: inference.Loaded, image_paths: Sequence[str],
+def visualize(loaded: weights.Loaded, image_paths: Sequence[str],
               out_dir: str, *, layer: int = -1, interpolation: str = "nearest",
               posemb: bool = True, pca: bool = False,
               pca_size: Optional[int] = None, on_error=None) -> List[str]:
@@ -354,13 +207,13 @@ def visualize(loaded: inference.Loaded, image_paths: Sequence[str],
   grid) into ``out_dir``; returns the paths written. With ``pca``, also
   each image's feature-PCA picture at ``pca_size`` pixels on the short side
   (default: 32 patches). An unreadable image raises
-  :class:`vit_jax.inference.ImageError`, or, with ``on_error``, is passed
+  :class:`vit_jax.data.images.ImageError`, or, with ``on_error``, is passed
   to it and the other images are still drawn."""
   import jax  # pylint: disable=import-outside-toplevel
 
   os.makedirs(out_dir, exist_ok=True)
   model = loaded.model
-  layer = resolve_layer(layer, model.num_layers)
+  layer = cli.resolve_layer(layer, model.num_layers)
   prefix = num_prefix_tokens(model)
   size = loaded.image_size
   grid = (size // model.patch_size, size // model.patch_size)
@@ -377,9 +230,9 @@ def visualize(loaded: inference.Loaded, image_paths: Sequence[str],
   pca_items = []  # (stem, display image, patch features)
   for path in image_paths:
     try:
-      raw = inference.read_image(path)
+      raw = image_files.read_image(path)
       x = loaded.preprocess(raw)[None]
-    except inference.ImageError as e:
+    except image_files.ImageError as e:
       if on_error is None:
         raise
       on_error(e)
@@ -417,18 +270,15 @@ def visualize(loaded: inference.Loaded, image_paths: Sequence[str],
   return written
 
 
-def _parser() -> argparse.ArgumentParser:
-  ap = argparse.ArgumentParser(
-      prog="python -m vit_jax.visualize",
-      description="Attention maps, attention rollout, position-embedding "
+def _parser():
+  ap = cli.parser("vit_jax.visualize",
+                  "Attention maps, attention rollout, position-embedding "
                   "similarity and feature PCA of a ViT checkpoint, as PNG "
                   "files.")
   ap.add_argument("images", nargs="*", metavar="IMAGE",
                   help="image files or directories (none: only the "
                        "position-embedding picture)")
-  ap.add_argument("--checkpoint", required=True, help=inference.SUPPORTED)
-  ap.add_argument("--model", default=None,
-                  help="variant when the weights cannot tell (vit_b_16, ...)")
+  cli.add_checkpoint(ap)
   ap.add_argument("--out", default="vit_pictures", help="output directory")
   ap.add_argument("--layer", type=int, default=-1,
                   help="layer of the per-head maps and of the feature PCA "
@@ -436,13 +286,12 @@ def _parser() -> argparse.ArgumentParser:
   ap.add_argument("--interpolation", default="nearest",
                   help="how maps are drawn over the image (nearest shows the "
                        "patches; bilinear is smoother)")
-  ap.add_argument("--image_size", type=int, default=None)
-  ap.add_argument("--no_posemb", action="store_true",
+  ap.add_argument("--no-posemb", action="store_true",
                   help="skip the position-embedding picture")
   ap.add_argument("--pca", action="store_true",
                   help="also draw each image's patch features (layer "
                        "--layer) as their first 3 principal components")
-  ap.add_argument("--pca_size", type=int, default=None,
+  ap.add_argument("--pca-size", type=int, default=None,
                   help="short side in pixels of the PCA pictures' input "
                        "(any size: dynamic resolution; default 32 patches)")
   return ap
@@ -452,19 +301,18 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
   console.quiet_native_logs()
   args = _parser().parse_args(argv)
   try:
-    loaded = inference.load(args.checkpoint, model_name=args.model,
-                            image_size=args.image_size)
-    resolve_layer(args.layer, loaded.model.num_layers)
-  except (inference.CheckpointError, FileNotFoundError, ValueError) as e:
-    print(f"error: {e}", file=sys.stderr)
+    loaded = cli.load(args)
+    cli.resolve_layer(args.layer, loaded.model.num_layers)
+  except cli.USER_ERRORS as e:
+    cli.error(e)
     return 1
   errors = []
 
   def report(e):
-    print(f"error: {e}", file=sys.stderr, flush=True)
+    cli.error(e)
     errors.append(e)
 
-  written = visualize(loaded, inference.expand_image_paths(args.images),
+  written = visualize(loaded, image_files.expand_image_paths(args.images),
                       args.out, layer=args.layer,
                       interpolation=args.interpolation,
                       posemb=not args.no_posemb, pca=args.pca,

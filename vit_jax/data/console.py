@@ -1,4 +1,5 @@
-"""A clean first screen for the command-line tools.
+"""The command line's surface: a clean first screen for the tools, and one
+spelling of their options (:class:`Parser`).
 
 While its native libraries load, TensorFlow logs INFO lines to stderr (the
 oneDNN notice, the CPU feature guard, absl's "before InitializeLog" notice),
@@ -13,6 +14,7 @@ warnings and errors, and native warnings and errors, are never dropped.
 
 from __future__ import annotations
 
+import argparse
 import contextlib
 import importlib.abc
 import importlib.machinery
@@ -93,20 +95,25 @@ class _QuietLoader(importlib.abc.Loader):
     return self._loader.create_module(spec)
 
   def exec_module(self, module):
-    # Put the real loader back first: nothing should see this wrapper.
+    # Put the real loader back first: nothing should see this wrapper. The
+    # finder is done once the module really imports (a library that only
+    # asks whether TensorFlow is installed, find_spec without an import,
+    # must not use it up).
     module.__loader__ = module.__spec__.loader = self._loader
+    for f in [f for f in sys.meta_path if isinstance(f, _FirstImport)]:
+      sys.meta_path.remove(f)
     with native_stderr_filtered():
       self._loader.exec_module(module)
 
 
 class _FirstImport(importlib.abc.MetaPathFinder):
-  """Finds ``tensorflow`` once, with a :class:`_QuietLoader`."""
+  """Finds ``tensorflow`` with a :class:`_QuietLoader` until it is
+  imported."""
 
   def find_spec(self, name, path=None, target=None):
     del target
-    if name != "tensorflow":
+    if name != "tensorflow" or "tensorflow" in sys.modules:
       return None
-    sys.meta_path.remove(self)
     spec = importlib.machinery.PathFinder.find_spec(name, path)
     if spec is not None and spec.loader is not None:
       spec.loader = _QuietLoader(spec.loader)
@@ -124,3 +131,24 @@ def quiet_native_logs():
     return
   if not any(isinstance(f, _FirstImport) for f in sys.meta_path):
     sys.meta_path.insert(0, _FirstImport())
+
+
+class Parser(argparse.ArgumentParser):
+  """``argparse.ArgumentParser`` whose long options take ``_`` or ``-``
+  alike (``--image_size`` is ``--image-size``)."""
+
+  def parse_known_args(self, args=None, namespace=None):
+    args = list(sys.argv[1:] if args is None else args)
+    known = {s for a in self._actions for s in a.option_strings}
+    out = []
+    for i, a in enumerate(args):
+      if a == "--":  # everything after it is positional
+        out.extend(args[i:])
+        break
+      if a.startswith("--") and "_" in a:
+        name, eq, value = a.partition("=")
+        dashed = name.replace("_", "-")
+        if name not in known and dashed in known:
+          a = dashed + eq + value
+      out.append(a)
+    return super().parse_known_args(out, namespace)

@@ -69,6 +69,12 @@ class Preprocessing:
                   for k, v in d.items() if k in fields})
 
 
+def eval_resize_size(crop_fraction: float, image_size: int) -> int:
+  """The evaluation resize of a crop that covers ``crop_fraction`` of the
+  short side (``config.pp.eval_crop_fraction``: 0.875 -> 256 for 224)."""
+  return int(round(image_size / float(crop_fraction)))
+
+
 def torchvision_classic(crop: int) -> Preprocessing:
   """torchvision's IMAGENET1K_V1 recipe: resize 256 -> crop 224, bilinear."""
   return Preprocessing(crop, int(round(crop * 256 / 224)), "bilinear")
@@ -157,18 +163,6 @@ def preprocess_pil(image: np.ndarray, pre: Preprocessing) -> np.ndarray:
   x = np.asarray(im, np.float32) / 255.0
   return ((x - np.asarray(pre.mean, np.float32)) /
           np.asarray(pre.std, np.float32)).astype(np.float32)
-
-
-def preprocess_tf(image: np.ndarray, pre: Preprocessing) -> np.ndarray:
-  """The training pipeline's eval transform (TensorFlow), for models trained
-  by ``train.py``: what they saw during evaluation."""
-  from vit_jax.data import pipeline as input_pipeline  # pylint: disable=import-outside-toplevel
-
-  out = input_pipeline.preprocess_eval(
-      np.asarray(image, np.uint8), image_size=int(pre.crop_size),
-      resize_size=int(pre.resize_size), mean=tuple(pre.mean),
-      std=tuple(pre.std))
-  return np.asarray(out, np.float32)
 
 
 def default_for(crop: Optional[int], kind: str) -> Preprocessing:

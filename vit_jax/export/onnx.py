@@ -4,8 +4,7 @@
 The parameters go through the project's exact converters into torchvision's
 ``VisionTransformer`` (:func:`vit_jax.convert.to_torchvision_model`: class
 token, conv stem, pre-logits) or timm's (:func:`vit_jax.formats.to_timm`:
-global average pooling, and the 2026 families: timm's ``Eva`` for DINOv3,
-EVA-02 and PE, its distilled DeiT), both loaded with ``strict=True`` and checked
+global average pooling), both loaded with ``strict=True`` and checked
 against JAX on a random batch (:func:`check_twin`), behind a layer that
 takes NHWC images; ``torch.onnx.export`` (the ``torch.export``-based
 exporter) writes the graph with symbolic batch (and, with preprocessing,
@@ -25,9 +24,9 @@ import functools
 
 import numpy as np
 
-from vit_jax import export as export_lib
+from vit_jax.export import base, types
 from vit_jax.export import preprocessing as export_preprocessing
-from vit_jax.weights import files
+from vit_jax.weights import twins
 
 _OPSET = 18
 _ONE_FILE_MAX_BYTES = 1_800_000_000  # protobuf's limit is 2 GiB
@@ -102,35 +101,13 @@ def _torch_preprocessing(pre):
 
 def torch_model(s):
   """The torchvision or timm ``VisionTransformer`` computing the servable
-  ``s`` (NCHW in, logits out), loaded with ``strict=True``."""
-  from vit_jax import convert, models  # pylint: disable=import-outside-toplevel
-
-  files.torch_after_tensorflow()
-  model, variables = s.model, s.variables
-  if model.conv_stem or model.representation_size:  # torchvision holds these
-    if model.classifier != "token":
-      raise export_lib.ExportError(
-          f"ONNX export goes through torchvision's or timm's ViT; neither "
-          f"holds a classifier={model.classifier!r} model with a conv stem or "
-          f"a representation layer. Use --format stablehlo or savedmodel.")
-    variant = models.Variant(model.hidden_size, model.num_layers,
-                             model.num_heads, model.mlp_dim, model.patch_size)
-    return convert.to_torchvision_model(variables, variant,
-                                        conv_stem=model.conv_stem)
-  return _timm_twin(s)
-
-
-def _timm_twin(s):
-  """timm's model of ``s.model`` (VisionTransformer, its distilled DeiT, or
-  Eva for DINOv3 / EVA-02 / PE: every family option), loaded with
-  ``strict=True``: :func:`vit_jax.weights.timm_twin.timm_twin`."""
-  from vit_jax.weights import timm_twin  # pylint: disable=import-outside-toplevel
-
+  ``s`` (NCHW in, logits out), loaded with ``strict=True``
+  (:mod:`vit_jax.weights.twins`)."""
   try:
-    return timm_twin.timm_twin(s.model, s.variables, s.image_size)
-  except timm_twin.NoTwin as e:
-    raise export_lib.ExportError(
-        f"ONNX export goes through timm's model of this ViT, and {e}. Use "
+    return twins.torch_model(s.model, s.variables, s.image_size)
+  except twins.NoTwin as e:
+    raise types.ExportError(
+        f"ONNX export traces a PyTorch twin of the model, and {e} Use "
         f"--format stablehlo or savedmodel.") from None
 
 
@@ -149,7 +126,7 @@ def check_twin(s, net, tol: float = 1e-4):
     got = net(torch.from_numpy(x.transpose(0, 3, 1, 2).copy())).numpy()
   err = float(np.abs(got - want).max() / max(np.abs(want).max(), 1e-30))
   if not err < tol:
-    raise export_lib.ExportError(
+    raise types.ExportError(
         f"The torch twin of this model ({type(net).__module__}."
         f"{type(net).__name__}) does not compute it (relative error {err:.1e}"
         f"); ONNX export cannot hold this layout. Use --format stablehlo or "
@@ -184,16 +161,16 @@ def export_onnx(s, out: str, *, batch=None, dtype: str = "float32",
   import torch  # pylint: disable=import-outside-toplevel
 
   if dtype != "float32":
-    raise export_lib.ExportError(
+    raise types.ExportError(
         f"ONNX export is float32 only: onnxruntime's CPU kernels (Conv, "
         f"MatMul) have no {dtype}. Use --format stablehlo or savedmodel for "
         f"{dtype}.")
   if with_preprocessing and s.preprocessing is None:
-    raise export_lib.ExportError(
+    raise types.ExportError(
         "--with-preprocessing needs the weights' preprocessing: pass a "
         "checkpoint, or (model, variables, preprocessing).")
   module = serving_module(s, with_preprocessing=with_preprocessing)
-  spec = export_lib.input_spec(s, batch=batch,
+  spec = base.input_spec(s, batch=batch,
                                with_preprocessing=with_preprocessing)
   # Example sizes distinct from each other and from 0/1, so that no dynamic
   # dimension is specialised to the example.

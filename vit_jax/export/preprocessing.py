@@ -50,7 +50,7 @@ def crop_geometry(height, width, pre, xp=np):
 def resize_method(pre) -> str:
   interp = str(pre.interpolation).lower()
   if interp not in RESIZE_KERNELS:
-    from vit_jax.export import ExportError  # pylint: disable=import-outside-toplevel
+    from vit_jax.export.types import ExportError  # pylint: disable=import-outside-toplevel
     raise ExportError(f"The exported preprocessing supports interpolation "
                       f"{sorted(RESIZE_KERNELS)}, not {pre.interpolation!r}.")
   return interp

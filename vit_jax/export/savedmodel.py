@@ -27,7 +27,7 @@ from typing import Optional
 
 import numpy as np
 
-from vit_jax import export as export_lib
+from vit_jax.export import base
 
 
 def _composites_to_calls(module) -> int:
@@ -88,11 +88,11 @@ def export_savedmodel(s, out: str, *, batch=None, dtype="float32",
   import tensorflow as tf  # pylint: disable=import-outside-toplevel
   from jax.experimental.jax2tf import jax2tf  # pylint: disable=import-outside-toplevel
 
-  exp, params = export_lib.exported(
+  exp, params = base.exported(
       s, batch=batch, dtype=dtype, with_preprocessing=with_preprocessing,
       platforms=platforms, params_as_arguments=True)
   exp = for_tensorflow(exp)
-  spec = export_lib.input_spec(s, batch=batch,
+  spec = base.input_spec(s, batch=batch,
                                with_preprocessing=with_preprocessing)
   module = tf.Module()
   # Parameters as variables (SavedModel's variables/, no 2 GB graph limit),

@@ -18,13 +18,15 @@ from vit_jax.models.layers import (  # noqa: F401  (building blocks)
     MlpBlock, MultiHeadDotProductAttention, PatchEmbed, activation)
 from vit_jax.models.variants import (  # noqa: F401
     ARCH_FIELDS, FIELDS, OPTION_FIELDS, SIZES, VARIANTS, Variant, arch_record,
-    count_params, decode_variant, get_model, init_params, variant_name)
+    count_params, decode_variant, from_record, get_model, init_params,
+    variant_name)
 from vit_jax.models.vit import (  # noqa: F401
     ConvStemConfig, VisionTransformer, feature_take_indices, pair)
 
 __all__ = [
     "ARCH_FIELDS", "FIELDS", "OPTION_FIELDS", "SIZES", "VARIANTS", "Variant",
     "ConvStemConfig", "VisionTransformer", "arch_record", "count_params",
-    "decode_variant", "feature_take_indices", "get_model", "init_params",
+    "decode_variant", "feature_take_indices", "from_record", "get_model",
+    "init_params",
     "pair", "variant_name",
 ]

@@ -133,6 +133,20 @@ def get_model(name_or_arch: Union[str, Variant, Mapping[str, Any]],
   return VisionTransformer(**kwargs)
 
 
+def from_record(name: str, fields: Mapping[str, Any],
+                **overrides) -> VisionTransformer:
+  """A model from a stored record (a training checkpoint's meta, a
+  config): its name and its fields. Where the fields state every size a
+  name would give (a custom size, or weights that gave the whole
+  architecture) the name, ours or timm's or a recipe's own, is only a
+  label; else the name gives the sizes and the fields override them."""
+  kwargs = dict(fields, **overrides)
+  sizes = {f.name for f in dataclasses.fields(Variant)}
+  if sizes <= set(kwargs) or set(ARCH_FIELDS) <= set(kwargs):
+    return get_model(kwargs)
+  return get_model(name, **kwargs)
+
+
 def variant_name(arch: Mapping[str, Any]) -> Optional[str]:
   """Our name (``vit_b_16``) for an architecture of a standard size."""
   for size, (w, depth, heads, mlp) in SIZES.items():

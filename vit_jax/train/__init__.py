@@ -2,7 +2,7 @@
 
 The rooms behind it, in the order data flows:
 
-* :mod:`vit_jax.data.pipeline` -- tfds -> tf.data -> global arrays
+* :mod:`vit_jax.data.sources`, :mod:`vit_jax.data.batches` -- tfds -> tf.data -> global arrays
   (``start_global``);
 * :mod:`vit_jax.train.sharding` -- the mesh and where every array lives;
 * :mod:`vit_jax.train.init` -- the config's model and initial weights;

@@ -1,5 +1,6 @@
-"""Checkpoints: an Orbax ``CheckpointManager`` for training, and
-:func:`load_for_inference` for everything that only needs the model.
+"""The training run's checkpoints: an Orbax ``CheckpointManager`` that
+saves, checks and resumes (reading one for inference is the weights layer's
+:func:`vit_jax.weights.orbax.load_for_inference`).
 
 Layout of ``<workdir>/checkpoints/<step>/`` (one Orbax composite per step)::
 
@@ -19,33 +20,25 @@ non-empty, metadata readable, the tree of this run's train state) and resumes
 from the newest intact one, moving the damaged ones to
 ``<workdir>/checkpoints.set_aside/``. A save that would not fit on the disk
 fails before it starts, naming the step, the space needed and free.
-
-    model, variables, info = load_for_inference("/path/to/workdir")
-    logits = model.apply(variables, images, train=False)
 """
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import logging
 import math
 import os
-import re
 import shutil
 import sys
 import traceback
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
 import jax
-import jax.numpy as jnp
 import orbax.checkpoint as ocp
 
-from vit_jax import models
-from vit_jax.weights import trees
+from vit_jax.weights import orbax
 from vit_jax.weights.check import check_keys
 
-ITEMS = ("variables", "train", "meta")
 SET_ASIDE = "checkpoints.set_aside"
 # Orbax's JSON files (and the 'meta' item's): they must parse.
 _JSON_FILES = ("_CHECKPOINT_METADATA", "_METADATA", "_sharding", "metadata")
@@ -57,10 +50,6 @@ class DamagedCheckpointError(ValueError):
 
 class CheckpointSaveError(RuntimeError):
   """A checkpoint could not be written (e.g. the disk is full)."""
-
-
-def _not_read_only_notice(record) -> bool:
-  return not str(record.msg).startswith("Given directory is read only")
 
 
 def _not_disk_full_report(record) -> bool:
@@ -102,12 +91,6 @@ def _install_orphan_filter():
       previous(unraisable)
   hook._vit_jax_orphans = True  # pylint: disable=protected-access
   sys.unraisablehook = hook
-
-
-def _handlers():
-  return {"variables": ocp.StandardCheckpointHandler(),
-          "train": ocp.StandardCheckpointHandler(),
-          "meta": ocp.JsonCheckpointHandler()}
 
 
 def _leaf_shapes(tree) -> Dict[str, Any]:
@@ -172,13 +155,13 @@ class CheckpointManager:
     )
     # Orbax warns that a read-only manager is read-only: we asked for it.
     self._log = logging.getLogger("absl")
-    self._log.addFilter(_not_read_only_notice)
+    self._log.addFilter(orbax.not_read_only_notice)
     try:
       self.manager = ocp.CheckpointManager(
-          self.directory, options=options, item_names=ITEMS,
-          item_handlers=_handlers())
+          self.directory, options=options, item_names=orbax.ITEMS,
+          item_handlers=orbax.handlers())
     finally:
-      self._log.removeFilter(_not_read_only_notice)
+      self._log.removeFilter(orbax.not_read_only_notice)
     if not read_only:
       self._log.addFilter(_not_disk_full_report)
       _install_orphan_filter()
@@ -195,7 +178,7 @@ class CheckpointManager:
       names = os.listdir(self.directory)
     except OSError:
       return []
-    return sorted(int(n) for n in names if _STEP_RE.match(n))
+    return sorted(int(n) for n in names if orbax.STEP_RE.match(n))
 
   # ------------------------------------------------------------------ save
 
@@ -287,7 +270,7 @@ class CheckpointManager:
     """What is wrong with the files of complete step ``step`` (None: they
     look intact): a missing item, an empty file, unreadable metadata."""
     root = os.path.join(self.directory, str(step))
-    for item in ITEMS:
+    for item in orbax.ITEMS:
       if not os.path.isdir(os.path.join(root, item)):
         return f"{item}/ is missing"
     for dirpath, _, files in os.walk(root):
@@ -438,141 +421,8 @@ class CheckpointManager:
     return {"variables": out["variables"], "train": out["train"]}, out["meta"]
 
   def restore_meta(self, step: int) -> Dict[str, Any]:
-    out = self.manager.restore(
-        int(step), args=ocp.args.Composite(meta=ocp.args.JsonRestore()))
-    return out["meta"]
+    return orbax.restore_meta(self.manager, step)
 
   def restore_variables_on(self, step: int, sharding) -> Any:
     """Restores only ``variables`` with every array on ``sharding``."""
-    tree = self.manager.item_metadata(step)["variables"]
-    if tree is None:
-      raise ValueError(f"Checkpoint step {step} in {self.directory} has no "
-                       f"'variables' item.")
-    tree = getattr(tree, "tree", tree)
-    abstract = jax.tree_util.tree_map(
-        lambda m: jax.ShapeDtypeStruct(m.shape, m.dtype, sharding=sharding),
-        tree)
-    out = self.manager.restore(int(step), args=ocp.args.Composite(
-        variables=ocp.args.StandardRestore(abstract)))
-    return out["variables"]
-
-
-# --------------------------------------------------------------------------- #
-# Inference.
-# --------------------------------------------------------------------------- #
-
-_STEP_RE = re.compile(r"^\d+$")
-
-
-def _has_steps(d: str) -> bool:
-  return os.path.isdir(d) and any(
-      _STEP_RE.match(n) or ".orbax-checkpoint-tmp" in n for n in os.listdir(d))
-
-
-def resolve_checkpoint(path: str) -> Tuple[str, Optional[int]]:
-  """``path`` (workdir, its ``checkpoints/``, or a step dir) ->
-  ``(checkpoints_dir, step or None for the latest)``."""
-  path = os.path.abspath(os.path.expanduser(str(path)))
-  if not os.path.exists(path):
-    raise FileNotFoundError(
-        f"No checkpoint at {path!r}: the path does not exist. Expected a "
-        f"training workdir (containing checkpoints/), its checkpoints/ "
-        f"directory, or one step directory inside it.")
-  name = os.path.basename(path)
-  if ".orbax-checkpoint-tmp" in name:
-    raise ValueError(
-        f"{path!r} is a half-written (temporary) checkpoint that was never "
-        f"completed; it cannot be loaded. Use a completed step directory or "
-        f"the checkpoints/ directory (the latest complete step is used).")
-  if _STEP_RE.match(name) and os.path.isdir(os.path.join(path, "variables")):
-    return os.path.dirname(path), int(name)
-  if os.path.isdir(os.path.join(path, "checkpoints")):
-    return os.path.join(path, "checkpoints"), None
-  if _has_steps(path):
-    return path, None
-  raise FileNotFoundError(
-      f"No checkpoint found at {path!r}: expected a training workdir "
-      f"(containing checkpoints/), its checkpoints/ directory (containing "
-      f"numbered step directories), or a step directory (containing "
-      f"variables/ and meta/).")
-
-
-def build_model(meta: Dict[str, Any], **overrides) -> models.VisionTransformer:
-  """The :class:`~vit_jax.models.VisionTransformer` described by ``meta``."""
-  kwargs = dict(meta["model_kwargs"])
-  for key in ("dtype", "param_dtype"):
-    if isinstance(kwargs.get(key), str):
-      kwargs[key] = jnp.dtype(kwargs[key])
-  kwargs.update(overrides)
-  variant = {f.name for f in dataclasses.fields(models.Variant)}
-  if variant <= set(kwargs) or set(models.ARCH_FIELDS) <= set(kwargs):
-    # Every field a name would give is stated (a custom size, or weights
-    # that gave the whole architecture): the name (ours, timm's or the
-    # recipe's own) is only a label.
-    return models.get_model(kwargs)
-  return models.get_model(meta["model_name"], **kwargs)
-
-
-def load_for_inference(path: str):
-  """Loads a training checkpoint for inference, on the default backend.
-
-  The variables are restored onto this process's first device of JAX's
-  default backend (the GPU or TPU where there is one), so predict, evaluate
-  and visualize run there, and ``JAX_PLATFORMS`` may name an accelerator
-  alone.
-
-  Args:
-    path: a training workdir, its ``checkpoints/`` directory (the latest
-      complete step is used) or one step directory (``checkpoints/1000``).
-
-  Returns:
-    ``(model, variables, info)``: a float32, non-scanned, dropout-free
-    :class:`~vit_jax.models.VisionTransformer` (its attention kernel chosen
-    by this backend); ``{'params': ...}`` (plus
-    ``batch_stats`` if the model has any) that match it; and a dict with
-    ``label_names`` (list of str or None), ``image_size`` (int), ``mean`` and
-    ``std`` (3 floats, [0, 1] pixel units), ``dataset``, ``step``,
-    ``num_classes``, ``model_name`` and the training ``config``.
-
-  Raises:
-    FileNotFoundError: ``path`` holds no (complete) checkpoint.
-    ValueError: ``path`` is a half-written checkpoint.
-  """
-  ckpt_dir, step = resolve_checkpoint(path)
-  mngr = CheckpointManager(ckpt_dir, read_only=True, async_save=False)
-  try:
-    steps = mngr.all_steps()
-    if step is None:
-      if not steps:
-        raise FileNotFoundError(
-            f"No complete checkpoint in {ckpt_dir!r}: expected numbered step "
-            f"directories written by train.py (temporary, half-written ones "
-            f"are never loaded).")
-      step = max(steps)
-    elif step not in steps:
-      raise ValueError(f"Checkpoint step {step} in {ckpt_dir!r} is incomplete "
-                       f"or unreadable; complete steps: {sorted(steps)}.")
-    meta = mngr.restore_meta(step)
-    device = jax.sharding.SingleDeviceSharding(jax.local_devices()[0])
-    variables = mngr.restore_variables_on(step, device)
-  finally:
-    mngr.manager.close()
-  variables = trees.unstack_layers(dict(variables))
-  # attention_impl=None: this backend's own kernel (a run trained with
-  # 'cudnn' on a GPU is still read on a CPU); the numbers are the same.
-  model = build_model(meta, dtype=jnp.float32, param_dtype=jnp.float32,
-                      scan_layers=False, remat_policy=None, dropout_rate=0.0,
-                      attention_dropout_rate=0.0, drop_path_rate=0.0,
-                      attention_impl=None)
-  info = {
-      "label_names": meta.get("label_names"),
-      "image_size": int(meta["image_size"]),
-      "mean": tuple(float(x) for x in meta["mean"]),
-      "std": tuple(float(x) for x in meta["std"]),
-      "dataset": meta.get("dataset"),
-      "step": int(step),
-      "num_classes": meta["model_kwargs"].get("num_classes"),
-      "model_name": meta["model_name"],
-      "config": meta.get("config"),
-  }
-  return model, variables, info
+    return orbax.restore_variables_on(self.manager, step, sharding)

@@ -28,7 +28,6 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from vit_jax.train import checkpoint
 from vit_jax import models, weights
 from vit_jax.data import preprocessing as pp
 from vit_jax.weights import files, trees
@@ -59,13 +58,6 @@ def source_of(init_weights: str) -> str:
   if re.fullmatch(r"[A-Z][A-Z0-9_]*", w) and not os.path.exists(w):
     return f"torchvision:{w}"
   return w
-
-
-def _json_arch(model) -> Dict[str, Any]:
-  arch = {k: getattr(model, k) for k in models.ARCH_FIELDS}
-  if arch.get("conv_stem"):
-    arch["conv_stem"] = [list(dataclasses.astuple(c)) for c in arch["conv_stem"]]
-  return json.loads(json.dumps(arch))
 
 
 def _convert_in_child(source: str, out: str, model_name: Optional[str],
@@ -116,7 +108,7 @@ def load_initial_weights(config) -> Optional[InitialWeights]:
     loaded = weights.load(source, model_name=name, image_size=size, **stated)
   variables = trees.unstack_layers(trees.wrap(
       jax.tree_util.tree_map(np.asarray, dict(loaded.variables))))
-  return InitialWeights(source, _json_arch(loaded.model), variables,
+  return InitialWeights(source, models.arch_record(loaded.model), variables,
                         loaded.preprocessing, loaded.description)
 
 
@@ -151,9 +143,9 @@ def model_kwargs(config, num_classes: int,
 
 
 def build_model(model_name: str, kwargs: Dict[str, Any]) -> models.VisionTransformer:
-  """The model, built the way inference rebuilds it from a checkpoint."""
-  return checkpoint.build_model({"model_name": model_name,
-                                 "model_kwargs": kwargs})
+  """The model, built the way inference rebuilds it from a checkpoint
+  (:func:`vit_jax.models.from_record`)."""
+  return models.from_record(model_name, kwargs)
 
 
 def initial_variables(config, init: Optional[InitialWeights], abstract):

@@ -5,8 +5,8 @@ its metrics, evaluations and checkpoints.
     from vit_jax import train_loop
     train_loop.train_and_evaluate(config, "/tmp/run")
 
-Data flows one way: tfds -> tf.data on each host (:mod:`vit_jax.data.pipeline`)
--> global arrays (``input_pipeline.start_global``) -> the jitted step
+Data flows one way: tfds -> tf.data on each host (:mod:`vit_jax.data.batches`)
+-> global arrays (``batches.start_global``) -> the jitted step
 (:mod:`vit_jax.train.step`, on the mesh of :mod:`vit_jax.train.sharding`) -> metrics
 (:mod:`vit_jax.train.metrics`) and checkpoints (:mod:`vit_jax.train.checkpoint`).
 
@@ -34,7 +34,7 @@ from typing import Any, Dict, Optional, Sequence
 import jax
 
 from vit_jax.train import (checkpoint, metrics, multihost, optim, sharding, init as train_init, step as train_step)
-from vit_jax.data import pipeline as input_pipeline
+from vit_jax.data import batches, sources
 from vit_jax.models import kernels
 
 
@@ -132,7 +132,7 @@ def train_and_evaluate(config, workdir: str, *,
   ckpt_dir = os.path.join(workdir, "checkpoints")
 
   # ---- Input: the dataset's metadata (each process reads its own slice).
-  src = input_pipeline.get_source(config)
+  src = sources.get_source(config)
 
   # ---- Model, optimizer, the train state's shape and shardings.
   init = train_init.load_initial_weights(config)  # None: from scratch
@@ -175,7 +175,7 @@ def train_and_evaluate(config, workdir: str, *,
     start = int(latest)
   else:
     host_vars = train_init.initial_variables(config, init, abstract)
-    mean, std = input_pipeline.normalization(
+    mean, std = batches.normalization(
         config, init.preprocessing if init else None)
     start = 0
   # The steps normalise the uint8 batches with the run's (mean, std).
@@ -215,13 +215,13 @@ def train_and_evaluate(config, workdir: str, *,
 
   # ---- Data from step `start`: tf.data -> uint8 global arrays (the steps
   # normalise them on the devices), double-buffered.
-  train_ds = input_pipeline.train_dataset(
+  train_ds = batches.train_dataset(
       config, src, local_batch=int(config.batch_size) // pcount,
       start_step=start, process_index=pidx, process_count=pcount)
-  eval_ds, _ = input_pipeline.eval_dataset(
+  eval_ds, _ = batches.eval_dataset(
       config, src, local_batch=int(config.eval_batch_size) // pcount,
       process_index=pidx, process_count=pcount)
-  batches = input_pipeline.start_global(train_ds, data_sh)
+  train_batches = batches.start_global(train_ds, data_sh)
 
   # ---- The loop.
   last_train: Dict[str, float] = {}
@@ -252,7 +252,7 @@ def train_and_evaluate(config, workdir: str, *,
     t0 = time.perf_counter()
     with waits.waiting("the evaluation's all-reduce", step):
       s = train_step.evaluate(fns.eval_step, state.params, state.batch_stats,
-                              input_pipeline.start_global(eval_ds, data_sh))
+                              batches.start_global(eval_ds, data_sh))
     if int(round(s["count"])) != src.num_eval:
       raise RuntimeError(f"Evaluation counted {s['count']} examples, the "
                          f"split has {src.num_eval}.")
@@ -276,7 +276,7 @@ def train_and_evaluate(config, workdir: str, *,
       # donated buffers): a wait for the other processes too.
       with waits.waiting(f"step {step + 1}'s dispatch (step {step}'s "
                          f"all-reduce)", step + 1):
-        state, next_vote = fns.train_step(state, next(batches),
+        state, next_vote = fns.train_step(state, next(train_batches),
                                           preemption.votes())
       step += 1
       if vote is not None:

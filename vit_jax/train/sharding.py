@@ -5,7 +5,7 @@ One ``Mesh`` over all devices (of every process): axes ``('data',)``, or
 are split along their leading axis over every mesh axis; the train state is
 replicated (data parallel) or split over ``fsdp``. Turning process-local
 batches into global arrays is the input pipeline's last step
-(:func:`vit_jax.data.pipeline.start_global`).
+(:func:`vit_jax.data.batches.start_global`).
 """
 
 from __future__ import annotations

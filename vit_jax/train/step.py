@@ -94,9 +94,9 @@ def num_params(abstract_state) -> int:
 def normalize_images(images, mean=None, std=None):
   """The model's input from a batch's images, on the device.
 
-  uint8 images (the input pipeline's, :mod:`vit_jax.data.pipeline`) are
+  uint8 images (the input pipeline's, :mod:`vit_jax.data.batches`) are
   pixels: ``(x / 255 - mean) / std`` per channel in float32, the same numbers
-  as the host's normalisation (``input_pipeline._normalize``). Floating-point
+  as the host's normalisation (``vit_jax.data.transforms._normalize``). Floating-point
   images are taken as already normalised and returned as they are.
 
   Raises:

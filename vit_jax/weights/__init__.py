@@ -37,11 +37,13 @@ from __future__ import annotations
 import dataclasses
 import os
 import re
+import sys
 import warnings
 from typing import Any, List, Optional
 
 import numpy as np
 
+from vit_jax import models
 from vit_jax.data import labels, preprocessing as pp
 from vit_jax.weights import build, files, google_npz, trees
 from vit_jax.weights.build import from_state_dict, from_tree, to_state_dict  # noqa: F401
@@ -110,7 +112,8 @@ class Loaded:
   def preprocess(self, image: np.ndarray) -> np.ndarray:
     """uint8 (H, W, 3) -> float32 (S, S, 3), normalised."""
     if self.use_training_pipeline:
-      return pp.preprocess_tf(image, self.preprocessing)
+      from vit_jax.data import transforms  # pylint: disable=import-outside-toplevel
+      return transforms.preprocess_tf(image, self.preprocessing)
     return pp.preprocess_pil(image, self.preprocessing)
 
   def preprocessing_summary(self) -> str:
@@ -164,6 +167,11 @@ def load(source, *, model_name: Optional[str] = None, image_size=None,
   return loaded
 
 
+def _record(model) -> dict:
+  """The model's architecture and its head's width, as described."""
+  return dict(models.arch_record(model), num_classes=model.num_classes)
+
+
 def _given(pre) -> Optional[pp.Preprocessing]:
   if pre is None or isinstance(pre, pp.Preprocessing):
     return pre
@@ -200,7 +208,7 @@ def _finish(model, variables, pre: pp.Preprocessing, names, what: str,
   if head == "embedding":
     names = None
   return Loaded(model, variables, pre, names,
-                f"{what}: {trees.describe(_fields(model), image_size=crop, head=head)}",
+                f"{what}: {trees.describe(_record(model), image_size=crop, head=head)}",
                 kind, head=head)
 
 
@@ -211,8 +219,19 @@ def _assumed(src: str, pre: pp.Preprocessing, what: str) -> pp.Preprocessing:
       f"weights; assuming {what}: {pre.summary()}. State it with model_name="
       f"<the timm name> (its pretrained record) or preprocessing="
       f"Preprocessing(...) (in the CLIs: --model).", GuessWarning,
-      stacklevel=4)
+      stacklevel=_outside_this_package())
   return pre
+
+
+def _outside_this_package() -> int:
+  """The stacklevel of the first caller outside vit_jax.weights (where a
+  warning should point)."""
+  here = os.path.dirname(os.path.abspath(__file__))
+  frame, level = sys._getframe(1), 1  # pylint: disable=protected-access
+  while frame is not None and os.path.dirname(
+      os.path.abspath(frame.f_code.co_filename)) == here:
+    frame, level = frame.f_back, level + 1
+  return level
 
 
 # A timm state dict without its name: the family its structure shows, as a
@@ -229,15 +248,6 @@ def _timm_family(model) -> "tuple[str, str]":
   if model.layer_scale_init is not None:
     return "DeiT-III's (LayerScale)", "deit3_base_patch16_224"
   return "Google's AugReg ViTs'", "vit_base_patch16_224"
-
-
-def _fields(model) -> dict:
-  return {k: getattr(model, k) for k in
-          ("patch_size", "hidden_size", "num_layers", "num_heads", "mlp_dim",
-           "num_classes", "representation_size", "classifier", "conv_stem",
-           "num_registers", "layer_scale_init", "pre_norm", "fc_norm",
-           "no_embed_class", "act", "rope", "gated_mlp", "norm_type",
-           "distilled", "patch_norm", "qk_norm", "mlp_norm", "abs_pos_embed")}
 
 
 def _load(src: str, name, image_size, num_heads, overrides,
@@ -299,15 +309,7 @@ def _from_name(name) -> Optional[pp.Preprocessing]:
 def _from_arrays(arrays, meta, name, kw, src, given=None) -> Loaded:
   """A safetensors / torch file: our layout (with its metadata) or a
   PyTorch library's."""
-  if meta.get("format") == "vit_jax" or any(k.startswith("params/")
-                                            for k in arrays):
-    model, variables = build.from_tree(trees.unflatten(arrays), name,
-                                       arch=meta.get("arch"), **kw)
-    layout = "vit_jax"
-  else:
-    from vit_jax.weights import layouts  # pylint: disable=import-outside-toplevel
-    layout = layouts.detect(list(arrays)) or "unknown"
-    model, variables = build.from_state_dict(arrays, name, **kw)
+  model, variables, layout = build.from_arrays(arrays, meta, name, **kw)
   if given is not None:
     pre = given
   elif isinstance(meta.get("preprocessing"), dict):
@@ -323,7 +325,8 @@ def _from_arrays(arrays, meta, name, kw, src, given=None) -> Loaded:
                    "torchvision's IMAGENET1K_V1 recipe (its SWAG weights "
                    "resize bicubic, without a crop margin)")
   else:
-    pre = _assumed(src, pp.default_for(None, layout), f"a {layout} default")
+    pre = _assumed(src, pp.default_for(None, layout),
+                   "Google's ViT recipe (mean and std 0.5)")
   names = meta.get("label_names")
   names = (labels.check_labels(names, model.num_classes or 0, src)
            if isinstance(names, list) else _default_labels(model.num_classes))
@@ -384,19 +387,15 @@ def _load_dir(path: str, name, kw, src, given=None) -> Loaded:
 
 
 def _load_orbax(path: str, name, image_size, patch_size=None) -> Loaded:
-  from vit_jax.train import checkpoint  # pylint: disable=import-outside-toplevel
-  from vit_jax.data import pipeline as input_pipeline  # pylint: disable=import-outside-toplevel
-  import types  # pylint: disable=import-outside-toplevel
+  from vit_jax.weights import orbax  # pylint: disable=import-outside-toplevel
 
-  model, variables, info = checkpoint.load_for_inference(path)
+  model, variables, info = orbax.load_for_inference(path)
   if name:
-    build.check_name(_fields(model), name)
+    build.check_name(_record(model), name)
   crop = int(info["image_size"])
   run_pp = ((info.get("config") or {}).get("pp") or {})
-  resize = input_pipeline.eval_resize_size(
-      types.SimpleNamespace(
-          eval_crop_fraction=float(run_pp.get("eval_crop_fraction", 0.875))),
-      crop)
+  resize = pp.eval_resize_size(
+      float(run_pp.get("eval_crop_fraction", 0.875)), crop)
   if patch_size is not None and int(patch_size) != model.patch_size:
     model, variables = build.resize_patch(  # per-layer variables here
         model, variables, int(patch_size), image_size or crop)
@@ -413,6 +412,6 @@ def _load_orbax(path: str, name, image_size, patch_size=None) -> Loaded:
   names = labels.check_labels(names, model.num_classes or 0, path) if names else None
   desc = (f"vit_jax training checkpoint (step {info.get('step')}, dataset "
           f"{info.get('dataset')!r}): "
-          f"{trees.describe(_fields(model), image_size=crop)}")
+          f"{trees.describe(_record(model), image_size=crop)}")
   return Loaded(model, variables, pre, names, desc, "orbax",
                 use_training_pipeline=True, info=dict(info))

@@ -13,7 +13,6 @@ importing torch beside JAX.
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import sys
@@ -24,7 +23,8 @@ def convert(source: str, out: str, **load_kwargs):
   """Loads ``source`` and writes it to ``out`` (our safetensors layout,
   written to a temporary name first: ``out`` is whole or absent). Returns
   the :class:`~vit_jax.weights.Loaded`."""
-  from vit_jax import formats, weights  # pylint: disable=import-outside-toplevel
+  from vit_jax import weights  # pylint: disable=import-outside-toplevel
+  from vit_jax.weights import saving  # pylint: disable=import-outside-toplevel
 
   loaded = weights.load(source, **load_kwargs)
   meta = {"preprocessing": loaded.preprocessing.as_dict(),
@@ -33,7 +33,7 @@ def convert(source: str, out: str, **load_kwargs):
     meta["label_names"] = list(loaded.label_names)
   tmp = f"{out}.tmp-{os.getpid()}"
   try:
-    formats.save_safetensors(loaded.variables, tmp, model=loaded.model,
+    saving.save_safetensors(loaded.variables, tmp, model=loaded.model,
                              metadata=meta)
     os.replace(tmp, out)
   finally:
@@ -43,7 +43,8 @@ def convert(source: str, out: str, **load_kwargs):
 
 
 def main(argv: Optional[list] = None) -> int:
-  p = argparse.ArgumentParser(
+  from vit_jax.data import console  # pylint: disable=import-outside-toplevel
+  p = console.Parser(
       prog="python -m vit_jax.weights",
       description="Convert weights (any layout vit_jax.weights.load reads) "
                   "to a torch-free safetensors file in vit_jax's layout.")
@@ -59,7 +60,6 @@ def main(argv: Optional[list] = None) -> int:
                  help="JSON object of model fields the checkpoint is stated to "
                       "have (e.g. '{\"num_heads\": 2}')")
   args = p.parse_args(argv)
-  from vit_jax.data import console  # pylint: disable=import-outside-toplevel
   from vit_jax import weights  # pylint: disable=import-outside-toplevel
   console.quiet_native_logs()
   try:

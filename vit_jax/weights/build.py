@@ -14,6 +14,7 @@ name (in the layout's own names), resample the position embedding for
 
 from __future__ import annotations
 
+import os
 from typing import Any, Dict, Mapping, Optional, Tuple
 
 import numpy as np
@@ -258,8 +259,10 @@ def from_state_dict(state_dict, name: Optional[str] = None, *,
       (timm's activation, LayerNorm epsilon, heads) and is checked against
       the weights.
     layout: a name of :data:`vit_jax.weights.layouts.LAYOUTS` ('torchvision',
-      'timm', 'transformers', 'transformers_dinov2', 'transformers_clip',
-      'transformers_siglip'); default: read from the keys.
+      'timm' (VisionTransformer's or Eva's names, from the keys), 'timm_eva',
+      'transformers', 'transformers_dinov2', 'transformers_dinov2_reg',
+      'transformers_dinov3', 'transformers_clip', 'transformers_siglip',
+      'transformers_aimv2'); default: read from the keys.
     config: a Hugging Face ``config.json`` (transformers layouts).
     image_size: resample the position embedding for this resolution.
     num_heads: the heads, where neither the name nor the width says.
@@ -338,7 +341,7 @@ def _native_hint(layout, name, config):
   """The checkpoint's resolution where the name or config says it."""
   if config and config.get("image_size"):
     return config["image_size"]
-  if layout == "timm" and name is not None:
+  if layout.startswith("timm") and name is not None:
     parsed = layouts.parse_timm_name(name)
     return parsed and parsed["image_size"]
   return None
@@ -396,3 +399,57 @@ def _unfold_class_position(flat):
   pe = trees.f32(flat[_POS])
   flat[_POS] = np.concatenate([np.zeros_like(pe[:, :1]), pe], axis=1)
   return flat
+
+
+def from_transformers(state_dict_or_dir, config=None, *, image_size=None,
+                      **overrides):
+  """Hugging Face transformers weights (a state dict, a model, or a
+  ``save_pretrained`` directory) -> (model, variables). The layout comes
+  from ``config`` (a dict or a transformers config; a directory's own
+  ``config.json``; a model's ``.config``); without one, from the keys."""
+  from vit_jax.weights import files  # pylint: disable=import-outside-toplevel
+
+  if hasattr(config, "to_dict"):
+    config = config.to_dict()
+  if isinstance(state_dict_or_dir, (str, os.PathLike)):
+    arrays, dir_config, _ = files.read_model_dir(str(state_dict_or_dir))
+    state_dict_or_dir, config = arrays, config or dir_config
+  elif hasattr(state_dict_or_dir, "config") and config is None:
+    config = state_dict_or_dir.config.to_dict()  # a transformers model
+  return from_state_dict(state_dict_or_dir,
+                         layout=layouts.transformers_layout(config),
+                         config=config, image_size=image_size, **overrides)
+
+
+def from_npz(arrays, name: Optional[str] = None, *, image_size=None,
+             **overrides):
+  """A Google ``.npz``'s arrays (vision_transformer or big_vision) ->
+  (model, variables), after :mod:`~vit_jax.weights.google_npz`'s
+  fix-ups."""
+  from vit_jax.weights import google_npz  # pylint: disable=import-outside-toplevel
+  variables = google_npz.npz_to_tree(arrays, image_size=image_size)
+  return from_tree(variables, name, image_size=image_size, **overrides)
+
+
+def from_arrays(arrays, meta: Mapping[str, Any], name: Optional[str] = None,
+                **kwargs):
+  """A file's arrays in our layout (with its metadata: ``format``
+  ``'vit_jax'``, the ``arch`` record) or a PyTorch library's ->
+  (model, variables, layout name)."""
+  if meta.get("format") == "vit_jax" or any(k.startswith("params/")
+                                            for k in arrays):
+    model, variables = from_tree(trees.unflatten(arrays), name,
+                                 arch=meta.get("arch"), **kwargs)
+    return model, variables, "vit_jax"
+  model, variables = from_state_dict(arrays, name, **kwargs)
+  return model, variables, layouts.detect(list(arrays)) or "unknown"
+
+
+def from_safetensors(path: str, name: Optional[str] = None, **kwargs):
+  """A safetensors file of any layout -> (model, variables, metadata)
+  (metadata JSON-decoded; ``layout`` says which names the file uses)."""
+  from vit_jax.weights import files  # pylint: disable=import-outside-toplevel
+  arrays, meta = files.read_safetensors(path)
+  model, variables, layout = from_arrays(arrays, meta, name, **kwargs)
+  meta.setdefault("layout", layout)
+  return model, variables, meta

@@ -19,6 +19,7 @@ from typing import Any, Dict, Mapping, Optional, Tuple
 
 import numpy as np
 
+from vit_jax.data import net
 from vit_jax.weights import trees
 
 HF_PREFIXES = ("hf-hub:", "hf_hub:")
@@ -270,30 +271,10 @@ def download_torchvision(enum) -> Dict[str, np.ndarray]:
                         os.path.basename(enum.url))
   if not os.path.exists(cached):
     host = urllib.parse.urlparse(enum.url).hostname
-    if not online(host):
+    if not net.online(host):
       raise FileNotFoundError(
           f"torchvision weights {enum} are not cached at {cached!r} and "
           f"{host} cannot be reached (offline?). Download {enum.url} to that "
           f"path, or pass the .pth file itself.")
   return unwrap(torch.hub.load_state_dict_from_url(
       enum.url, progress=True, check_hash=True, weights_only=True))
-
-
-def online(host: str, timeout: float = 4.0) -> bool:
-  """Quick reachability probe (DNS + TCP) that never blocks for long."""
-  import socket  # pylint: disable=import-outside-toplevel
-  import threading  # pylint: disable=import-outside-toplevel
-
-  ok = []
-
-  def probe():
-    try:
-      socket.create_connection((host, 443), timeout=timeout).close()
-      ok.append(True)
-    except OSError:
-      pass
-
-  t = threading.Thread(target=probe, daemon=True)
-  t.start()
-  t.join(timeout + 1.0)
-  return bool(ok)

@@ -122,6 +122,17 @@ def npz_to_tree(arrays: Mapping[str, Any], *, image_size=None) -> dict:
   return {"params": tree}
 
 
+def npz_to_params(arrays: Mapping[str, Any], *, image_size=None):
+  """Flat arrays of a Google ViT -> ``(variables, arch)``: our tree after
+  the fix-ups, and the :class:`~vit_jax.models.VisionTransformer` fields
+  plus ``image_size`` (the position embedding's resolution)."""
+  variables = npz_to_tree(arrays, image_size=image_size)
+  arch = trees.arch_of(variables)
+  arch["image_size"] = trees.native_image_size(variables,
+                                               models.get_model(arch))
+  return variables, arch
+
+
 def _is_square(n: int) -> bool:
   s = int(round(np.sqrt(max(n, 0))))
   return s * s == n

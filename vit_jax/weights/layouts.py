@@ -505,6 +505,14 @@ def transformers_layout_of(arch: Mapping[str, Any]) -> str:
   return "transformers"
 
 
+def transformers_layout(config: Optional[Mapping[str, Any]]) -> Optional[str]:
+  """The layout of a transformers model from its config's ``model_type``
+  (a CLIP / SigLIP config's ``vision_config``); None when there is none."""
+  config = config or {}
+  model_type = (config.get("vision_config") or config).get("model_type")
+  return HF_MODEL_TYPES.get(model_type) if model_type else None
+
+
 def detect(keys) -> Optional[str]:
   """The layout a state dict's keys are in (None: not a ViT we know).
   timm's two classes are one answer, ``'timm'``: :func:`timm_layout` tells

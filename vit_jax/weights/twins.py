@@ -1,26 +1,55 @@
-"""timm's own model of one of our trees, built from the model's fields and
-loaded with ``strict=True`` (ONNX export goes through it; a user can run
-it beside ours).
+"""The PyTorch twin of a model: torchvision's or timm's module with the same
+architecture, our weights loaded into it with ``strict=True``.
 
-The class is the one :func:`vit_jax.weights.layouts.timm_layout_of` maps
-the tree to, or ``Eva`` for a RoPE model: ``VisionTransformer`` (classic
-ViTs, DeiT-III, DINOv2 incl. its giant's packed SwiGLU, CLIP, SigLIP, AIMv2,
+The ONNX export traces the twin (:mod:`vit_jax.export.onnx`), and
+:func:`vit_jax.convert.to_torchvision_model` hands it to users. timm's twin
+is the class the tree belongs to: ``VisionTransformer`` (classic ViTs,
+DeiT-III, DINOv2 incl. its giant's packed SwiGLU, CLIP, SigLIP, AIMv2,
 RADIO), ``VisionTransformerDistilled`` (DeiT with a distillation token) or
-``Eva`` (DINOv3, EVA-02, Perception Encoder). Every option of ours that the
-class has a knob for is set; one it has none for is named in the error.
-MLP widths are given as ratios that timm's ``int(dim * ratio)`` turns back
-into the exact widths.
+``Eva`` (DINOv3, EVA-02, Perception Encoder). torch,
+torchvision and timm are imported here only (after TensorFlow too:
+:func:`vit_jax.weights.files.torch_after_tensorflow`).
 """
 
 from __future__ import annotations
 
 import functools
+from typing import Optional
 
-from vit_jax.weights import layouts, trees
+from vit_jax import models
+from vit_jax.weights import build, files, layouts, saving, trees
 
 
 class NoTwin(ValueError):
-  """timm has no class with this combination of options."""
+  """No PyTorch library module holds this architecture."""
+
+
+def torchvision_model(variables, name, conv_stem=None, **arch_overrides):
+  """torchvision's ``VisionTransformer`` matching ``variables`` (built from
+  the weights; ``name`` is checked against them), loaded with
+  ``strict=True``. A conv stem's strides are ``conv_stem``'s (e.g.
+  ``model.conv_stem``), else inferred as on load."""
+  files.torch_after_tensorflow()
+  import torchvision  # pylint: disable=import-outside-toplevel
+  from torchvision.models.vision_transformer import ConvStemConfig  # pylint: disable=import-outside-toplevel
+
+  model, _ = build.from_tree(variables, name, conv_stem=conv_stem,
+                             **arch_overrides)
+  image_size = trees.native_image_size(
+      trees.unstack_layers(dict(variables)), model)
+  kwargs = dict(image_size=image_size, patch_size=model.patch_size,
+                num_layers=model.num_layers, num_heads=model.num_heads,
+                hidden_dim=model.hidden_size, mlp_dim=model.mlp_dim,
+                num_classes=model.num_classes or 0,
+                representation_size=model.representation_size)
+  if model.conv_stem:
+    kwargs["conv_stem_configs"] = [
+        ConvStemConfig(c.out_channels, c.kernel_size, c.stride)
+        for c in model.conv_stem]
+  tv = torchvision.models.VisionTransformer(**kwargs)
+  tv.load_state_dict(saving.to_torch(saving.to_state_dict(
+      variables, "torchvision")), strict=True)
+  return tv.eval()
 
 
 def _norm(model):
@@ -47,13 +76,19 @@ def timm_class(model, variables) -> str:
   return "distilled" if model.distilled else "vit"
 
 
-def timm_twin(model, variables, image_size):
-  """timm's module computing ``model`` with ``variables`` on
-  ``image_size`` images (NCHW), in eval mode, loaded strictly from
-  :func:`vit_jax.formats.to_timm`'s state dict."""
-  import torch  # pylint: disable=import-outside-toplevel
-  from vit_jax.weights import build  # pylint: disable=import-outside-toplevel
-
+def timm_model(model, variables, image_size=None):
+  """timm's model of ``model``, loaded with ``strict=True`` from
+  :func:`vit_jax.weights.saving.to_state_dict`'s timm state dict: the class
+  :func:`timm_class` names, every option of ours that it has a knob for
+  set (registers, LayerScale, no_embed_class, pre-norm, fc_norm, MAP head,
+  activation, norm and epsilon, RoPE, gated MLPs, patch norm, qk norm, the
+  distillation head ...); :class:`NoTwin` naming an option it has none
+  for. MLP widths are ratios that timm's ``int(dim * ratio)`` turns back
+  into the exact widths. ``image_size``: default the position embedding's
+  own."""
+  files.torch_after_tensorflow()
+  image_size = image_size or trees.native_image_size(
+      trees.unstack_layers(dict(variables)), model) or 224
   kind = timm_class(model, variables)
   if model.patch_bias == model.pre_norm:  # timm: PatchEmbed(bias=not pre_norm)
     raise NoTwin(
@@ -62,9 +97,8 @@ def timm_twin(model, variables, image_size):
         f"{model.patch_bias}, pre_norm={model.pre_norm}.")
   net = (_eva(model, image_size) if kind == "eva" else
          _vit(model, image_size, distilled=kind == "distilled"))
-  sd = {k: torch.from_numpy(v.copy())
-        for k, v in build.to_state_dict(variables, "timm").items()}
-  net.load_state_dict(sd, strict=True)
+  net.load_state_dict(saving.to_torch(saving.to_state_dict(variables, "timm")),
+                      strict=True)
   return net.eval()
 
 
@@ -75,11 +109,11 @@ def _vit(model, image_size, distilled: bool):
 
   m = model
   if m.rope is not None or not m.key_bias and m.qkv_bias:
-    raise NoTwin("timm's VisionTransformer has no RoPE nor q/v-only biases")
+    raise NoTwin("timm's VisionTransformer has no RoPE nor q/v-only biases.")
   if m.pool_include_prefix and m.num_prefix_tokens:
-    raise NoTwin("timm's VisionTransformer pools without the prefix tokens")
+    raise NoTwin("timm's VisionTransformer pools without the prefix tokens.")
   if m.final_norm is False and m.fc_norm:
-    raise NoTwin("fc_norm without final_norm")
+    raise NoTwin("timm has no fc_norm without final_norm.")
   d = m.hidden_size
   if m.gated_mlp == "packed":
     mlp = functools.partial(GluMlp, act_layer=_act(m.act), gate_last=False)
@@ -102,7 +136,7 @@ def _vit(model, image_size, distilled: bool):
       pos_embed="learn" if m.abs_pos_embed else "none")
   if m.classifier == "map" and (m.map_heads or m.map_mlp_dim):
     raise NoTwin("timm's VisionTransformer's MAP head has the encoder's heads "
-                 "and MLP width")
+                 "and MLP width.")
   if distilled:
     return VisionTransformerDistilled(**kw)
   return VisionTransformer(**kw)
@@ -118,13 +152,13 @@ def _eva(model, image_size):
 
   m = model
   if m.classifier == "map" and m.num_prefix_tokens and not m.pool_include_prefix:
-    raise NoTwin("timm's Eva feeds every token to its MAP head")
+    raise NoTwin("timm's Eva feeds every token to its MAP head.")
   if m.gated_mlp is not None and m.act != "silu":
-    raise NoTwin("timm's Eva gates its SwiGLU by SiLU")
+    raise NoTwin("timm's Eva gates its SwiGLU by SiLU.")
   if m.patch_norm:
-    raise NoTwin("timm's Eva has no norm after the patch embedding")
+    raise NoTwin("timm's Eva has no norm after the patch embedding.")
   if m.classifier == "map" and m.act != "gelu":
-    raise NoTwin("timm's Eva's MAP head uses exact GELU")
+    raise NoTwin("timm's Eva's MAP head uses exact GELU.")
   full_bias = m.qkv_bias and m.key_bias
   d = m.hidden_size
   kw = dict(
@@ -155,5 +189,20 @@ def _eva(model, image_size):
               rope_grid_indexing=m.rope_grid_indexing,
               ref_feat_shape=m.rope_ref_grid)
   if m.gated_mlp == "packed" and m.mlp_norm:
-    raise NoTwin("timm's Eva has no packed SwiGLU with a norm inside")
+    raise NoTwin("timm's Eva has no packed SwiGLU with a norm inside.")
   return Eva(**kw)
+
+
+def torch_model(model, variables, image_size: Optional[int] = None):
+  """The twin that holds ``model``: torchvision's for a conv stem or a
+  representation layer (timm has neither), else timm's."""
+  if model.conv_stem or model.representation_size:
+    if model.classifier != "token":
+      raise NoTwin(
+          f"neither torchvision's nor timm's ViT holds a "
+          f"classifier={model.classifier!r} model with a conv stem or a "
+          f"representation layer.")
+    variant = models.Variant(model.hidden_size, model.num_layers,
+                             model.num_heads, model.mlp_dim, model.patch_size)
+    return torchvision_model(variables, variant, conv_stem=model.conv_stem)
+  return timm_model(model, variables, image_size)

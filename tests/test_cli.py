@@ -1,0 +1,76 @@
+"""What the command-line tools share: one option spelling (dashes, with the
+underscore spelling accepted), the shared checkpoint and dataset options,
+and errors that name the tool's own flags."""
+
+import subprocess
+
+import pytest
+
+from train_helpers import PYTHON, REPO, env
+from vit_jax import cli, evaluate, features, predict, probe, visualize
+from vit_jax.data import console
+from vit_jax.export import __main__ as export_cli
+
+PARSERS = {"predict": predict._parser, "evaluate": evaluate._parser,  # pylint: disable=protected-access
+           "visualize": visualize._parser, "features": features._parser,  # pylint: disable=protected-access
+           "probe": probe._parser, "export": export_cli._parser}  # pylint: disable=protected-access
+
+
+def test_both_spellings_of_an_option():
+  ap = cli.parser("vit_jax.x", "test")
+  cli.add_checkpoint(ap)
+  cli.add_dataset(ap)
+  for argv in (["--checkpoint", "a", "--image-size", "64", "--data-dir",
+                "d_1", "--no-download"],
+               ["--checkpoint", "a", "--image_size", "64", "--data_dir=d_1",
+                "--no_download"]):
+    args = ap.parse_args(argv)
+    assert (args.image_size, args.data_dir, args.no_download) == (64, "d_1",
+                                                                  True)
+  with pytest.raises(SystemExit):  # an unknown option stays unknown
+    ap.parse_args(["--checkpoint", "a", "--image_sizes", "64"])
+  # Values are left alone.
+  args = ap.parse_args(["--checkpoint", "my_dir", "--dataset", "a_b"])
+  assert args.checkpoint == "my_dir" and args.dataset == "a_b"
+
+
+@pytest.mark.parametrize("tool", sorted(PARSERS))
+def test_every_tool_spells_its_options_with_dashes(tool):
+  ap = PARSERS[tool]()
+  assert isinstance(ap, console.Parser)
+  longs = [s for a in ap._actions for s in a.option_strings  # pylint: disable=protected-access
+           if s.startswith("--")]
+  assert longs and not [s for s in longs if "_" in s], longs
+  if tool not in ("probe",):
+    assert {"--checkpoint", "--model", "--image-size"} <= set(longs)
+
+
+def test_weights_cli_takes_both_spellings(tmp_path):
+  p = subprocess.run([PYTHON, "-m", "vit_jax.weights", "--help"], cwd=REPO,
+                     env=env(), capture_output=True, text=True, timeout=120)
+  assert p.returncode == 0 and "--image-size" in p.stdout
+  p = subprocess.run([PYTHON, "-m", "vit_jax.weights", str(tmp_path / "no.pth"),
+                      str(tmp_path / "o.safetensors"), "--image_size", "32"],
+                     cwd=REPO, env=env(), capture_output=True, text=True,
+                     timeout=120)
+  assert p.returncode == 1 and "no such file" in p.stderr.lower(), p.stderr
+
+
+def test_a_missing_dataset_names_the_tools_own_flags(tmp_path, monkeypatch,
+                                                     capsys):
+  from vit_jax.data import sources  # pylint: disable=import-outside-toplevel
+  monkeypatch.setattr(sources, "_online", lambda *a, **k: False)
+  from compare import random_ours  # pylint: disable=import-outside-toplevel
+  from vit_jax import formats  # pylint: disable=import-outside-toplevel
+  model, variables = random_ours(num_layers=1, size=32)
+  ckpt = str(tmp_path / "w.safetensors")
+  formats.save_safetensors(variables, ckpt, model=model)
+  assert evaluate.main(["--checkpoint", ckpt, "--dataset", "cifar10",
+                        "--data-dir", str(tmp_path / "tfds")]) == 1
+  err = capsys.readouterr().err
+  assert "then pass --data-dir=" in err and "--config." not in err, err
+  assert evaluate.main(["--checkpoint", ckpt, "--dataset", "cifar10",
+                        "--data-dir", str(tmp_path / "tfds"),
+                        "--no-download"]) == 1
+  err = capsys.readouterr().err
+  assert "--no-download was given" in err and "--config." not in err, err

@@ -1,0 +1,220 @@
+"""Batches: tfds datasets -> tf.data on the host -> global arrays.
+
+Every process reads its own slice of a split (``tfds.split_for_jax_process``)
+into *process-local* numpy batches; :func:`start_global` turns them into
+global arrays with ``jax.make_array_from_process_local_data``, the input of
+the jitted steps.
+
+Determinism (what makes resume exact): the training stream of a process is a
+function of ``(seed, process_index, step)`` only. Epoch ``e`` is the process's
+slice shuffled with a seed derived from ``(seed, process, e)``; the stream is
+the concatenation of epochs; a run that starts at ``step`` skips straight to
+element ``step * local_batch`` (at most one epoch of raw records is skipped).
+The random augmentation of element ``i`` uses stateless ops seeded with
+``(seed, process, i)``, so neither parallelism nor restarts change the data.
+
+Evaluation visits every example exactly once: each process pads its slice to
+a common number of batches with ``mask == 0`` examples.
+
+Speed (what keeps an accelerator fed): images cross to the devices as uint8
+and are normalised inside the jitted steps; the Inception crop of a JPEG
+decodes only the crop (``tf.image.decode_and_crop_jpeg``); the next epoch's
+shuffle buffer fills in the background while this epoch is read; global
+batches are double-buffered on the devices (:func:`start_global`).
+``bench/input_pipeline.py`` measures the host side alone.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Optional, Sequence, Tuple
+
+import numpy as np
+import tensorflow as tf
+
+from vit_jax.data import preprocessing, sources, transforms
+from vit_jax.data.sources import DataSource
+
+def cached(ds: tf.data.Dataset) -> tf.data.Dataset:
+  """``ds.cache()`` (in memory), filled now by one complete pass: every
+  later iterator only reads it, so one that stops early (the end of a run)
+  leaves no partly written cache behind."""
+  ds = ds.cache()
+  ds.reduce(np.int64(0), lambda n, _: n + 1)
+  return ds
+
+
+def _options() -> tf.data.Options:
+  opts = tf.data.Options()
+  opts.deterministic = True
+  return opts
+
+
+def _mix(*ints) -> int:
+  """A stable 62-bit seed from small integers (no Python hash())."""
+  h = 0x243F6A8885A308D3
+  for v in ints:
+    h = (h * 0x100000001B3 + int(v) + 0x9E3779B9) % (1 << 62)
+  return h
+
+
+def _epochs_in_sequence(epoch_fn):
+  """``flat_map(epoch_fn)`` over epoch numbers, the same elements in the same
+  order, but the next epoch's iterator (its shuffle buffer) is filled by a
+  background thread while this one is read: no stall at epoch boundaries.
+  At most two epochs' buffers exist at a time."""
+  logger = tf.get_logger()
+  level = logger.level
+  logger.setLevel("ERROR")  # its deprecation note: nothing else does this
+  try:
+    return tf.data.experimental.parallel_interleave(
+        epoch_fn, cycle_length=1, block_length=1, sloppy=False,
+        buffer_output_elements=1, prefetch_input_elements=1)
+  finally:
+    logger.setLevel(level)
+
+
+def train_dataset(config, src: DataSource, *, local_batch: int,
+                  start_step: int, process_index: int, process_count: int,
+                  mean: Optional[Sequence[float]] = None,
+                  std: Optional[Sequence[float]] = None):
+  """Infinite stream of process-local training batches from ``start_step``.
+
+  Yields dicts ``image`` (local_batch, S, S, 3) and ``label`` int32. Images
+  are uint8 (a quarter of float32's bytes to the device), normalised inside
+  the jitted step (:func:`vit_jax.train.step.normalize_images`); with
+  ``mean`` and ``std`` they are normalised float32 here instead (the same
+  numbers), for host-side consumers.
+  """
+  raw, n = sources.process_split(src.builder, src.train_split, process_index,
+                          process_count, src.is_folder, drop_remainder=True)
+  if n <= 0:
+    raise ValueError(
+        f"Process {process_index}/{process_count} gets no training examples "
+        f"from {src.name!r} split {src.train_split!r} ({src.num_train} in "
+        f"total).")
+  if config.cache:
+    raw = cached(raw)
+  buffer = int(max(1, min(config.shuffle_buffer, n)))
+  epoch_seed = _mix(config.seed, process_index, 1)
+  elem_seed = _mix(config.seed, process_index, 2)
+
+  def epoch(e):
+    return raw.shuffle(buffer, seed=epoch_seed + e * 7919,
+                       reshuffle_each_iteration=False)
+
+  offset = int(start_step) * int(local_batch)
+  first_epoch, skip = divmod(offset, n)
+  ds = tf.data.Dataset.range(first_epoch, 1 << 40).apply(
+      _epochs_in_sequence(epoch))
+  ds = ds.skip(skip).enumerate(start=offset)
+
+  pp, size = config.pp, config.image_size
+
+  def process(i, ex):
+    seed = tf.stack([tf.constant(elem_seed, tf.int64), i])
+    image = transforms.preprocess_train(ex["image"], seed, pp=pp, image_size=size,
+                             mean=mean, std=std)
+    return {"image": image, "label": tf.cast(ex["label"], tf.int32)}
+
+  ds = ds.map(process, num_parallel_calls=tf.data.AUTOTUNE)
+  ds = ds.batch(local_batch, drop_remainder=True)
+  ds = ds.prefetch(config.prefetch)
+  return ds.with_options(_options())
+
+
+def eval_dataset(config, src: DataSource, *, local_batch: int,
+                 process_index: int, process_count: int,
+                 mean: Optional[Sequence[float]] = None,
+                 std: Optional[Sequence[float]] = None
+                 ) -> Tuple[tf.data.Dataset, int]:
+  """(padded process-local eval batches with ``mask``, number of batches).
+
+  All processes yield the same number of batches; padding examples have
+  ``mask == 0`` (and zero pixels) so every real example is counted exactly
+  once. Images are uint8, or normalised float32 with ``mean`` and ``std``
+  (as in :func:`train_dataset`).
+  """
+  counts = [sources.process_split(src.builder, src.eval_split, p, process_count,
+                           src.is_folder, drop_remainder=False)[1]
+            for p in range(process_count)]
+  raw, n = sources.process_split(src.builder, src.eval_split, process_index,
+                          process_count, src.is_folder, drop_remainder=False)
+  assert n == counts[process_index], (n, counts)
+  num_batches = max(1, math.ceil(max(counts) / local_batch))
+  if config.cache:
+    raw = cached(raw)
+  size = config.image_size
+  resize = preprocessing.eval_resize_size(config.pp.eval_crop_fraction, size)
+
+  def process(ex):
+    return {"image": transforms.preprocess_eval(ex["image"], image_size=size,
+                                     resize_size=resize, mean=mean, std=std),
+            "label": tf.cast(ex["label"], tf.int32),
+            "mask": tf.constant(1.0, tf.float32)}
+
+  ds = raw.map(process, num_parallel_calls=tf.data.AUTOTUNE)
+  pad = num_batches * local_batch - n
+  if pad:
+    image = ds.element_spec["image"]
+    blank = {"image": tf.zeros(image.shape, image.dtype),
+             "label": tf.constant(0, tf.int32),
+             "mask": tf.constant(0.0, tf.float32)}
+    ds = ds.concatenate(tf.data.Dataset.from_tensors(blank).repeat(pad))
+  ds = ds.batch(local_batch, drop_remainder=True).prefetch(config.prefetch)
+  return ds.with_options(_options()), num_batches
+
+
+def normalization(config, init_preprocessing=None):
+  """(mean, std) in [0, 1] pixel units: the config's, else the initial
+  weights' (torchvision: ImageNet statistics), else 0.5 / 0.5."""
+  if init_preprocessing is not None:
+    mean, std = tuple(init_preprocessing.mean), tuple(init_preprocessing.std)
+  else:
+    mean, std = preprocessing.HALF, preprocessing.HALF
+  if config.pp.mean is not None:
+    mean = tuple(config.pp.mean)
+  if config.pp.std is not None:
+    std = tuple(config.pp.std)
+  for what, v in (("mean", mean), ("std", std)):
+    if len(v) != 3 or not all(0.0 <= float(x) <= 1.0 for x in v):
+      raise ValueError(f"config.pp.{what}={v}: expected 3 floats in [0, 1] "
+                       f"(per-channel, in [0, 1]-scaled pixel units).")
+  if min(std) <= 0:
+    raise ValueError(f"config.pp.std={std}: must be positive.")
+  return tuple(float(x) for x in mean), tuple(float(x) for x in std)
+
+
+def as_numpy(ds: tf.data.Dataset):
+  """Iterates a dataset as dicts of numpy arrays."""
+  return ds.as_numpy_iterator()
+
+
+def start_global(ds: tf.data.Dataset, sharding, ahead: int = 1):
+  """Iterates process-local batches as global ``jax.Array`` batches.
+
+  Args:
+    ds: this process's batches (:func:`train_dataset`, :func:`eval_dataset`).
+    sharding: where a global batch lives (the batch axis split over every
+      mesh axis, :func:`vit_jax.train.sharding.batch_sharding`); each process
+      supplies the rows of its own devices.
+    ahead: global batches whose host-to-device copies are started before
+      the one yielded is used (1: double-buffered, the next batch is copied
+      while the step computes on this one; 0: none).
+
+  Yields:
+    Dicts of global arrays, ``process_count`` times the local batch, in the
+    order of ``ds``.
+  """
+  import collections  # pylint: disable=import-outside-toplevel
+
+  import jax  # pylint: disable=import-outside-toplevel
+
+  queue = collections.deque()
+  for batch in as_numpy(ds):
+    # Dispatches the copies and returns: they overlap with the running step.
+    queue.append(jax.make_array_from_process_local_data(sharding, batch))
+    if len(queue) > ahead:
+      yield queue.popleft()
+  while queue:
+    yield queue.popleft()

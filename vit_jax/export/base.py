@@ -1,0 +1,160 @@
+"""The servable (model, variables, preprocessing, input size) and the one
+JAX function every format exports: images -> float32 logits, optionally
+with the weights' preprocessing inside."""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import os
+from typing import Any, Optional
+
+import numpy as np
+
+from vit_jax.export.preprocessing import preprocess, resize_method
+from vit_jax.export.types import DTYPES, ExportError, InputSpec
+
+
+@dataclasses.dataclass(frozen=True)
+class Servable:
+  """What goes into an artifact: the three things a loaded checkpoint has."""
+
+  model: Any
+  variables: Any
+  preprocessing: Any  # vit_jax.convert.Preprocessing, or None
+  image_size: int
+
+
+def servable(checkpoint, *, preprocessing=None,
+             model_name: Optional[str] = None,
+             image_size: Optional[int] = None) -> Servable:
+  """The model, variables and preprocessing to export.
+
+  Args:
+    checkpoint: a path (or name) :func:`vit_jax.weights.load` accepts; an
+      object with ``.model``, ``.variables`` and ``.preprocessing`` (what
+      ``load`` returns); or a tuple ``(model, variables)`` or ``(model,
+      variables, preprocessing)``.
+    preprocessing: overrides the checkpoint's (a ``Preprocessing``).
+    model_name, image_size: passed to ``load`` for a path.
+  """
+  if isinstance(checkpoint, (str, os.PathLike)):
+    from vit_jax import weights  # pylint: disable=import-outside-toplevel
+    checkpoint = weights.load(os.fspath(checkpoint), model_name=model_name,
+                              image_size=image_size)
+  if isinstance(checkpoint, (tuple, list)):
+    if len(checkpoint) not in (2, 3):
+      raise ExportError(f"Expected (model, variables) or (model, variables, "
+                        f"preprocessing), got a sequence of {len(checkpoint)}")
+    model, variables, pre = (tuple(checkpoint) + (None,))[:3]
+  elif hasattr(checkpoint, "model") and hasattr(checkpoint, "variables"):
+    model, variables = checkpoint.model, checkpoint.variables
+    pre = getattr(checkpoint, "preprocessing", None)
+  else:
+    raise ExportError(f"Cannot export {type(checkpoint).__name__}: expected a "
+                      f"checkpoint path, a loaded checkpoint or (model, "
+                      f"variables[, preprocessing]).")
+  pre = preprocessing if preprocessing is not None else pre
+  if not getattr(model, "num_classes", None) or model.classifier == "unpooled":
+    raise ExportError("The model has no classification head: an artifact "
+                      "returns logits, so there is nothing to export.")
+  size = _image_size(model, variables)
+  if pre is not None and int(pre.crop_size) != size:
+    raise ExportError(f"The preprocessing crops {pre.crop_size}x"
+                      f"{pre.crop_size} images but the model takes "
+                      f"{size}x{size}.")
+  return Servable(model, variables, pre, size)
+
+
+def _image_size(model, variables) -> int:
+  if model.image_size is not None:
+    h, w = (model.image_size if isinstance(model.image_size, (tuple, list))
+            else (model.image_size,) * 2)
+    if int(h) != int(w):
+      raise ExportError(f"Only square inputs are exported; the model takes "
+                        f"{h}x{w}.")
+    return int(h)
+  from vit_jax.weights import trees  # pylint: disable=import-outside-toplevel
+  size = trees.native_image_size(
+      trees.unstack_layers(trees.wrap(variables)), model)
+  if size is None:
+    raise ExportError("The position embedding is not a square grid, so the "
+                      "input size is unknown: set the model's image_size.")
+  return int(size)
+
+
+def serving_function(s: Servable, *, dtype: str = "float32",
+                     with_preprocessing: bool = False,
+                     dynamic_batch: bool = True):
+  """``(fn, params)``: ``fn(params, images) -> float32 logits``, the function
+  every format exports, and the parameters it is exported with (cast to
+  ``dtype``)."""
+  import jax  # pylint: disable=import-outside-toplevel
+  import jax.numpy as jnp  # pylint: disable=import-outside-toplevel
+
+  if dtype not in DTYPES:
+    raise ExportError(f"dtype {dtype!r}: expected one of {DTYPES}")
+  if with_preprocessing and s.preprocessing is None:
+    raise ExportError("--with-preprocessing needs the weights' preprocessing "
+                      "(resize, crop, mean, std): pass a checkpoint, or "
+                      "(model, variables, preprocessing).")
+  if with_preprocessing:
+    resize_method(s.preprocessing)
+  from vit_jax.models import kernels  # pylint: disable=import-outside-toplevel
+
+  model = s.model
+  tokens = (s.image_size // model.patch_size) ** 2 + model.num_prefix_tokens
+  # The CPU attention path splits longer sequences into chunks whose count
+  # depends on the batch size; a dynamic batch uses XLA's attention instead
+  # (the same function).
+  if (dynamic_batch and tokens > kernels.FUSED_ATTENTION_MAX_KEYS and
+      model.attention_impl in (None, "matmul")):
+    model = model.clone(attention_impl="xla")
+  params = s.variables
+  if dtype == "bfloat16":
+    model = model.clone(dtype=jnp.bfloat16)
+    params = jax.tree_util.tree_map(
+        lambda x: (np.asarray(x).astype(jnp.bfloat16)
+                   if jnp.issubdtype(np.asarray(x).dtype, jnp.floating)
+                   else np.asarray(x)), params)
+  pre = s.preprocessing
+
+  def fn(params, images):
+    x = preprocess(images, pre) if with_preprocessing else images
+    return model.apply(params, x, train=False).astype(jnp.float32)
+
+  return fn, params
+
+
+def input_spec(s: Servable, *, batch: Optional[int] = None,
+               with_preprocessing: bool = False) -> InputSpec:
+  if batch is not None and int(batch) < 1:
+    raise ExportError(f"batch={batch}: expected >= 1 (or None: dynamic)")
+  b = None if batch is None else int(batch)
+  if with_preprocessing:
+    return InputSpec((b, None, None, 3), "uint8")
+  return InputSpec((b, s.image_size, s.image_size, s.model.num_channels),
+                   "float32")
+
+
+def exported(s: Servable, *, batch=None, dtype="float32",
+             with_preprocessing=False, platforms=("cpu",),
+             params_as_arguments=False):
+  """The ``jax.export.Exported`` of the serving function: ``call(images)``
+  (parameters baked in), or ``call(params, images)`` with
+  ``params_as_arguments`` (then returns ``(exported, params)``)."""
+  import jax  # pylint: disable=import-outside-toplevel
+
+  fn, params = serving_function(s, dtype=dtype,
+                                with_preprocessing=with_preprocessing,
+                                dynamic_batch=batch is None)
+  spec = input_spec(s, batch=batch, with_preprocessing=with_preprocessing).jax()
+  platforms = tuple(platforms)
+  if params_as_arguments:
+    params_spec = jax.tree_util.tree_map(
+        lambda x: jax.ShapeDtypeStruct(np.shape(x), np.asarray(x).dtype),
+        params)
+    return jax.export.export(jax.jit(fn), platforms=platforms)(
+        params_spec, spec), params
+  return jax.export.export(jax.jit(functools.partial(fn, params)),
+                           platforms=platforms)(spec)
