@@ -51,12 +51,13 @@ def torch_in(x):
   return torch.from_numpy(np.ascontiguousarray(x.transpose(0, 3, 1, 2)))
 
 
-def perturb_torch(module, seed=0, std=0.05, weights_only=False):
-  """Adds noise to every parameter and buffer of a torch module (in place):
-  zero-initialised heads, unit LayerNorms, 1e-5 LayerScales all matter.
-  ``weights_only``: only what the state dict holds (parameters and
-  persistent buffers): the computed buffers of RoPE models (frequencies,
-  Eva's fixed zero key bias) stay as the model defines them."""
+def perturb_torch(module, seed=0, std=0.05, weights_only=True):
+  """Adds noise to every parameter and persistent buffer of a torch module
+  (in place): zero-initialised heads, unit LayerNorms, 1e-5 LayerScales,
+  BatchNorm statistics all matter. The buffers a model computes and does not
+  save (RoPE frequencies, Eva's fixed zero key bias; ``weights_only=False``
+  perturbs those too) stay as the model defines them: no checkpoint can
+  change them."""
   import torch  # pylint: disable=import-outside-toplevel
   g = torch.Generator().manual_seed(seed)
   if weights_only:
