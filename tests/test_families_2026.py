@@ -48,6 +48,8 @@ CASES = [
     ("deit_tiny_distilled_patch16_224", {}, (4, 4)),
     ("vit_base_patch16_radio_v3", {}, (4, 4)),
     ("vit_so400m_patch16_radio_v4", dict(embed_dim=192, num_heads=3), (4, 4)),
+    # q/k normalisation (timm's qk_norm): the keys show it, no name needed.
+    ("vit_small_patch16_224", dict(qk_norm=True), (4, 4)),
 ]
 IDS = [c[0] for c in CASES]
 

@@ -165,7 +165,7 @@ def test_dinov3_recipe_on_random_stand_in_weights(tmp_path):
   cfg.pp.randaugment_layers = 0
   cfg.lock()
   train_loop.train_and_evaluate(cfg, str(tmp_path / "run"), devices=ONE)
-  model, variables, info = checkpoint.load_for_inference(str(tmp_path / "run"))
+  model, variables, info = orbax.load_for_inference(str(tmp_path / "run"))
   assert (model.rope, model.num_registers, model.abs_pos_embed) == (
       "dinov3", 4, False)
   assert info["model_name"] == "vit_small_patch16_dinov3"
