@@ -406,8 +406,8 @@ def test_cli(tmp_path, capsys):
 def test_bench_export_smoke():
   """bench/export.py runs every runtime end to end (no speed asserted)."""
   import sys  # pylint: disable=import-outside-toplevel
-  sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(
-      __file__))))
+  from train_helpers import REPO  # pylint: disable=import-outside-toplevel
+  sys.path.insert(0, REPO)
   from bench import export as bench_export  # pylint: disable=import-outside-toplevel
   rec = bench_export.main([
       "--model", "vit_ti_16", "--image-size", "32", "--batches", "1,2",
