@@ -441,3 +441,39 @@ def test_onnx_checks_its_torch_twin():
     net.blocks[0].mlp.fc1.weight.mul_(0.5)
   with pytest.raises(export.ExportError, match="does not compute it"):
     export_onnx.check_twin(s, net)
+
+
+def test_exported_preprocessing_says_what_it_takes():
+  pre = PRE
+  for bad, hint in ((np.zeros((2, 3, 40, 40), np.uint8), "NCHW"),
+                    (np.zeros((40, 40, 3), np.uint8), r"images\[None\]"),
+                    (np.zeros((2, 40, 40, 3), np.float32), "")):
+    with pytest.raises(export.ExportError, match=r"uint8 \(batch, height, "
+                       r"width, 3\), values 0-255; got .*" + hint):
+      export_preprocessing.preprocess(jnp.asarray(bad), pre)
+
+
+def test_verify_cannot_pass_for_want_of_a_signal(tmp_path, capsys):
+  """A fresh (all-zero) head gives every image the same logits: --verify
+  then checks a copy with a random head, exported the same way, and says
+  so."""
+  model, variables = _model("classic")
+  params = dict(variables["params"])
+  params["head"] = {"kernel": np.zeros_like(params["head"]["kernel"]),
+                    "bias": np.asarray(params["head"]["bias"])}
+  zero = dict(variables, params=params)
+  ckpt = str(tmp_path / "fresh_head.safetensors")
+  formats.save_safetensors(zero, ckpt, model=model)
+  out = str(tmp_path / "fresh.shlo")
+  assert export_cli.main(["--checkpoint", ckpt, "--format", "stablehlo",
+                          "--out", out, "--verify"]) == 0
+  text = capsys.readouterr().out
+  assert "head is all zero" in text and "a copy with a random head" in text
+  s = export.servable((model, zero))
+  got = export.verify(s, "stablehlo", out)
+  assert got.note and float(got) == 0.0  # StableHLO: the same program
+  # A real head: verified as it is, no note.
+  out2 = str(tmp_path / "real.shlo")
+  export.export((model, variables), "stablehlo", out2)
+  got = export.verify(export.servable((model, variables)), "stablehlo", out2)
+  assert got.note == "" and float(got) == 0.0
