@@ -103,15 +103,16 @@ def measure(config, *, cores: int, batch: int, batches: int,
   ``warmup`` untimed ones) on ``cores`` tf.data threads."""
   import tensorflow as tf  # pylint: disable=import-outside-toplevel
 
-  from vit_jax.data import batches, sources  # pylint: disable=import-outside-toplevel
+  from vit_jax.data import batches as data_batches  # pylint: disable=import-outside-toplevel
+  from vit_jax.data import sources  # pylint: disable=import-outside-toplevel
   src = sources.get_source(config)
-  ds = batches.train_dataset(config, src, local_batch=batch,
-                                    start_step=0, process_index=0,
-                                    process_count=1)
+  ds = data_batches.train_dataset(config, src, local_batch=batch,
+                                  start_step=0, process_index=0,
+                                  process_count=1)
   opts = tf.data.Options()
   opts.threading.private_threadpool_size = int(cores)
   opts.threading.max_intra_op_parallelism = 1
-  it = batches.as_numpy(ds.with_options(opts))
+  it = data_batches.as_numpy(ds.with_options(opts))
   for _ in range(warmup):
     b = next(it)
   assert b["image"].dtype == np.uint8, b["image"].dtype

@@ -98,13 +98,12 @@ def predict(checkpoint: Union[str, weights.Loaded],
     try:
       raw = (np.asarray(item) if isinstance(item, np.ndarray) else
              image_files.read_image(name))
-      if raw.ndim != 3 or raw.shape[-1] != 3:
-        raise image_files.ImageError(f"{name}: expected an (H, W, 3) RGB image, "
-                                   f"got shape {raw.shape}")
       arrays.append(loaded.preprocess(raw))
       where.append(i)
     except image_files.ImageError as e:
       results[i].error = str(e)
+    except ValueError as e:  # an array that is not one decoded image
+      results[i].error = f"{name}: {e}"
   if arrays:
     fn = cli.make_probabilities_fn(loaded.model)
     probs = cli.run_batches(fn, loaded.variables, np.stack(arrays),

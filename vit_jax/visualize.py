@@ -79,6 +79,16 @@ def _plt():
   return plt
 
 
+def _save(fig, path: str, title: Optional[str] = None) -> str:
+  """Titles, lays out, writes and closes ``fig``; returns ``path``."""
+  if title is not None:
+    fig.suptitle(title, fontsize=10)
+  fig.tight_layout()
+  fig.savefig(path, dpi=110)
+  _plt().close(fig)
+  return path
+
+
 def _show(ax, image, overlay=None, title=None, interpolation="nearest",
           alpha=0.6, cmap="inferno"):
   h, w = image.shape[:2]
@@ -110,11 +120,7 @@ def plot_heads(image: np.ndarray, maps: np.ndarray, path: str, *,
     ax.axis("on")
     _show(ax, image, maps[h] / max(maps[h].max(), 1e-12), f"head {h}",
           interpolation)
-  fig.suptitle(title, fontsize=10)
-  fig.tight_layout()
-  fig.savefig(path, dpi=110)
-  plt.close(fig)
-  return path
+  return _save(fig, path, title)
 
 
 def plot_rollout(image: np.ndarray, rollout: np.ndarray, path: str, *,
@@ -129,11 +135,7 @@ def plot_rollout(image: np.ndarray, rollout: np.ndarray, path: str, *,
   axes[1].set_yticks([])
   axes[1].set_title("attention rollout", fontsize=9)
   _show(axes[2], image, norm, "overlay", interpolation)
-  fig.suptitle(title, fontsize=10)
-  fig.tight_layout()
-  fig.savefig(path, dpi=110)
-  plt.close(fig)
-  return path
+  return _save(fig, path, title)
 
 
 def plot_posemb_similarity(sim: np.ndarray, path: str, *, title: str = "") -> str:
@@ -161,10 +163,7 @@ def plot_posemb_similarity(sim: np.ndarray, path: str, *, title: str = "") -> st
     s.set_visible(False)
   fig.colorbar(im, ax=ax, fraction=0.04, label="Cosine similarity")
   ax.set_title(title or "Position embedding similarity", fontsize=10)
-  fig.tight_layout()
-  fig.savefig(path, dpi=110)
-  plt.close(fig)
-  return path
+  return _save(fig, path)
 
 
 def plot_feature_pca(image: np.ndarray, rgb: np.ndarray, path: str, *,
@@ -181,11 +180,7 @@ def plot_feature_pca(image: np.ndarray, rgb: np.ndarray, path: str, *,
   axes[1].set_yticks([])
   axes[1].set_title(f"patch features: PCA 1-3 as RGB ({rgb.shape[0]}x"
                     f"{rgb.shape[1]} patches)", fontsize=9)
-  fig.suptitle(title, fontsize=10)
-  fig.tight_layout()
-  fig.savefig(path, dpi=110)
-  plt.close(fig)
-  return path
+  return _save(fig, path, title)
 
 
 # --------------------------------------------------------------------------- #

@@ -136,16 +136,62 @@ _PIL_FILTERS = {"bilinear": "BILINEAR", "bicubic": "BICUBIC",
                 "hamming": "HAMMING"}
 
 
+def check_image(image, what: str = "preprocess") -> np.ndarray:
+  """One decoded image as uint8 (H, W, 3), or a ValueError that says what
+  was expected and what came.
+
+  Takes uint8 (or integer / float values in [0, 255]) RGB (H, W, 3), and
+  grey-scale (H, W) or (H, W, 1) (repeated to RGB, as PIL's
+  ``convert('RGB')`` does). Refuses floats in [0, 1] (they would all be
+  black after normalisation), CHW and batched arrays, and other channel
+  counts, naming the fix."""
+  x = np.asarray(image)
+  expected = (f"{what} takes one decoded image: uint8 (height, width, 3) RGB "
+              f"with values 0-255 (or floats in [0, 255])")
+  if x.ndim == 2 or (x.ndim == 3 and x.shape[-1] == 1):
+    x = np.repeat(x.reshape(x.shape[0], x.shape[1], 1), 3, axis=-1)
+  if x.ndim == 4:
+    raise ValueError(f"{expected}; got a batch of shape {x.shape}: call it "
+                     f"on each image (for image in batch).")
+  if x.ndim != 3:
+    raise ValueError(f"{expected}; got an array of shape {x.shape}.")
+  if x.shape[-1] != 3:
+    if x.shape[0] in (1, 3):
+      hint = " It looks like CHW (PyTorch's layout): image.transpose(1, 2, 0)."
+    elif x.shape[-1] == 4:
+      hint = " It looks like RGBA: drop the alpha channel, image[..., :3]."
+    else:
+      hint = ""
+    raise ValueError(f"{expected}; got shape {x.shape} ({x.shape[-1]} "
+                     f"channels).{hint}")
+  if x.dtype == np.uint8:
+    return x
+  if x.dtype.kind not in "iuf":
+    raise ValueError(f"{expected}; got dtype {x.dtype}.")
+  if x.size and not np.all(np.isfinite(x)):
+    raise ValueError(f"{expected}; got non-finite values.")
+  lo, hi = (float(x.min()), float(x.max())) if x.size else (0.0, 0.0)
+  if lo < 0 or hi > 255:
+    raise ValueError(f"{expected}; got {x.dtype} values from {lo:g} to "
+                     f"{hi:g}, outside [0, 255].")
+  if x.dtype.kind == "f" and 0 < hi <= 1.0:
+    raise ValueError(f"{expected}; got {x.dtype} values in [0, 1] (max "
+                     f"{hi:g}), which would be treated as almost black: scale "
+                     f"them to [0, 255] first ((image * 255).round()).")
+  return np.clip(np.round(x), 0, 255).astype(np.uint8)
+
+
 def preprocess_pil(image: np.ndarray, pre: Preprocessing) -> np.ndarray:
-  """Applies ``pre`` to a uint8 (H, W, 3) array with PIL (antialiased, as
-  torchvision and timm do on PIL images); returns float32 (S, S, 3)."""
+  """Applies ``pre`` to one image (:func:`check_image`: uint8 (H, W, 3) or
+  [0, 255] values) with PIL (antialiased, as torchvision and timm do on PIL
+  images); returns float32 (S, S, 3)."""
   from PIL import Image  # pylint: disable=import-outside-toplevel
 
   interp = str(pre.interpolation).lower()
   if interp not in _PIL_FILTERS:
     raise ValueError(f"interpolation {pre.interpolation!r}: expected one of "
                      f"{sorted(_PIL_FILTERS)}")
-  im = Image.fromarray(np.asarray(image, np.uint8))
+  im = Image.fromarray(check_image(image))
   w, h = im.size
   size = max(int(pre.resize_size), int(pre.crop_size))
   if pre.crop_mode == "squash":

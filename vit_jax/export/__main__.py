@@ -83,7 +83,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     err = verify(s, args.format, out,
                  with_preprocessing=args.with_preprocessing, dtype=args.dtype,
                  batch=args.batch)
-    print(f"  verify: max relative error against JAX {err:.2e}")
+    print(f"  verify: max relative error against JAX {err.max_rel_err:.2e}"
+          + (f" ({err.note})" if err.note else ""))
   return 0
 
 

@@ -158,8 +158,15 @@ def preprocess(images, pre):
   """
   import jax.numpy as jnp  # pylint: disable=import-outside-toplevel
 
-  if images.dtype != jnp.uint8:
-    raise ValueError(f"Expected uint8 images, got {images.dtype}.")
+  from vit_jax.export.types import ExportError  # pylint: disable=import-outside-toplevel
+  shape = tuple(images.shape)
+  if len(shape) != 4 or shape[-1] != 3 or images.dtype != jnp.uint8:
+    hint = (" It looks like NCHW; transpose with images.transpose(0, 2, 3, 1)."
+            if len(shape) == 4 and shape[1] == 3 and shape[-1] != 3 else
+            " Add the batch axis: images[None]." if len(shape) == 3 else "")
+    raise ExportError(
+        f"The preprocessing takes decoded RGB images as uint8 (batch, height, "
+        f"width, 3), values 0-255; got {images.dtype} {shape}.{hint}")
   return preprocess_with(_JaxOps(), images, pre,
                          jnp.asarray(pre.mean, jnp.float32),
                          jnp.asarray(pre.std, jnp.float32))

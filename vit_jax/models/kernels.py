@@ -14,7 +14,7 @@
   weights), so that a CPU test can ask what a GPU would run.
 
 Every function here computes the same numbers as the plain formula (tested
-in ``tests/test_fast_paths.py``); bench/README.md measures why each exists.
+in ``tests/models/test_fast_paths.py``); bench/README.md measures why each exists.
 """
 
 from __future__ import annotations

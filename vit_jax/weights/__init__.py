@@ -110,7 +110,11 @@ class Loaded:
     return f"class {index}"
 
   def preprocess(self, image: np.ndarray) -> np.ndarray:
-    """uint8 (H, W, 3) -> float32 (S, S, 3), normalised."""
+    """One image, uint8 (H, W, 3) (or [0, 255] values; grey-scale
+    repeated) -> float32 (S, S, 3), normalised as these weights expect.
+    Anything else (floats in [0, 1], CHW, a batch) is a ValueError that
+    says what was expected."""
+    image = pp.check_image(image, "Loaded.preprocess")
     if self.use_training_pipeline:
       from vit_jax.data import transforms  # pylint: disable=import-outside-toplevel
       return transforms.preprocess_tf(image, self.preprocessing)

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import sys
 from typing import Any, Dict, Mapping, Optional, Tuple
 
@@ -36,22 +37,69 @@ def needs_torch(source: str) -> bool:
           os.path.splitext(source)[1].lower() in TORCH_EXTS)
 
 
+def _import_torch(path: str):
+  try:
+    import torch  # pylint: disable=import-outside-toplevel
+  except ImportError:
+    raise ValueError(
+        f"Reading {path!r} (a PyTorch pickle file) needs PyTorch: pip install "
+        f"torch. Or convert it where torch is installed: python -m "
+        f"vit_jax.weights {path} OUT.safetensors") from None
+  return torch
+
+
 def read_torch(path: str) -> Dict[str, np.ndarray]:
   """A ``.pth``/``.pt``/``.bin`` state dict as numpy arrays, read with
   ``torch.load(weights_only=True)``; unwraps training checkpoints'
-  ``{'model': ...}`` / ``{'state_dict': ...}``."""
-  import torch  # pylint: disable=import-outside-toplevel
-
+  ``{'model': ...}`` / ``{'state_dict': ...}``. A damaged file and a file
+  holding pickled code get different errors."""
   if not os.path.isfile(path):
     raise FileNotFoundError(f"No such checkpoint file: {path!r}")
+  torch = _import_torch(path)
   try:
     obj = torch.load(path, map_location="cpu", weights_only=True)
   except Exception as e:  # pickle.UnpicklingError and friends
+    text = re.sub(r"\x1b\[[0-9;]*m", "", str(e))  # torch's bold text
+    if "Weights only load failed" in text and not _damaged_torch_file(path):
+      what = next((l.strip() for l in text.splitlines()
+                   if "Unsupported global" in l or "GLOBAL" in l), "")
+      raise ValueError(
+          f"Cannot read {path!r} as a plain tensor state dict with "
+          f"torch.load(weights_only=True): it holds pickled objects other "
+          f"than tensors, which are refused because loading them runs code."
+          + (f" ({what})" if what else "")) from e
     raise ValueError(
-        f"Cannot read {path!r} as a plain tensor state dict with "
-        f"torch.load(weights_only=True): {e}. Checkpoints holding arbitrary "
-        f"pickled objects are refused because loading them runs code.") from e
+        f"{path!r} is damaged or truncated ({os.path.getsize(path):,} bytes): "
+        f"not a complete PyTorch checkpoint ({type(e).__name__}: "
+        f"{text.splitlines()[0] if text else e!r}). Download or copy it "
+        f"again.") from e
   return unwrap(obj, f"a state dict in {path!r}")
+
+
+def _damaged_torch_file(path: str) -> bool:
+  """True when ``path`` is not a whole torch checkpoint: a zip archive
+  (torch's format since 1.6) whose central directory, at the end, is
+  missing or broken, or a legacy pickle that ends early."""
+  import pickletools  # pylint: disable=import-outside-toplevel
+  import zipfile  # pylint: disable=import-outside-toplevel
+
+  with open(path, "rb") as f:
+    head = f.read(4)
+  if head.startswith(b"PK"):
+    if not zipfile.is_zipfile(path):
+      return True
+    try:
+      with zipfile.ZipFile(path) as z:
+        return z.testzip() is not None
+    except (zipfile.BadZipFile, OSError, EOFError):
+      return True
+  try:
+    with open(path, "rb") as f:
+      for _ in pickletools.genops(f):
+        pass
+  except Exception:  # pylint: disable=broad-except
+    return True
+  return False
 
 
 def unwrap(obj, what: str = "a state dict") -> Dict[str, Any]:
@@ -72,11 +120,13 @@ def unwrap(obj, what: str = "a state dict") -> Dict[str, Any]:
 
 def read_safetensors(path: str) -> Tuple[Dict[str, np.ndarray], Dict[str, Any]]:
   """``(arrays, metadata)`` of a safetensors file; metadata values that are
-  JSON are decoded."""
+  JSON are decoded. A truncated file says so, with its size and the size
+  its header promises."""
   from safetensors import safe_open  # pylint: disable=import-outside-toplevel
 
   if not os.path.isfile(path):
     raise FileNotFoundError(f"No such checkpoint file: {path!r}")
+  _check_safetensors_size(path)
   try:
     with safe_open(path, framework="numpy") as f:
       meta = dict(f.metadata() or {})
@@ -90,6 +140,36 @@ def read_safetensors(path: str) -> Tuple[Dict[str, np.ndarray], Dict[str, Any]]:
     except (TypeError, ValueError):
       decoded[k] = v
   return arrays, decoded
+
+
+def _check_safetensors_size(path: str) -> None:
+  """The file holds what its header says: 8 bytes of header length, the
+  JSON header, then every tensor's bytes (``data_offsets``)."""
+  size = os.path.getsize(path)
+  with open(path, "rb") as f:
+    first = f.read(8)
+    if len(first) < 8:
+      raise ValueError(f"{path!r} is not a safetensors file: {size} bytes, "
+                       f"less than its 8-byte header length.")
+    n = int.from_bytes(first, "little")
+    if n > size - 8:
+      raise ValueError(
+          f"{path!r} is truncated ({size:,} bytes): its header alone is "
+          f"{n + 8:,} bytes (or it is not a safetensors file). Download or "
+          f"copy it again.")
+    try:
+      header = json.loads(f.read(n))
+    except ValueError:
+      raise ValueError(f"{path!r} is not a safetensors file (or is damaged): "
+                       f"its header is not JSON.") from None
+  ends = [int(v["data_offsets"][1]) for k, v in header.items()
+          if k != "__metadata__" and isinstance(v, dict)
+          and "data_offsets" in v]
+  want = 8 + n + max(ends, default=0)
+  if size < want:
+    raise ValueError(
+        f"{path!r} is truncated ({size:,} of {want:,} bytes, as its header "
+        f"says). Download or copy it again.")
 
 
 def write_safetensors(arrays: Mapping[str, np.ndarray], path: str,
@@ -182,32 +262,44 @@ def parse_hub_name(source: str) -> Tuple[str, Optional[str]]:
 
 def hub_dir(source: str) -> str:
   """Fetches (or, offline, finds in the local cache) the config and
-  safetensors weights of ``hf-hub:org/name`` and returns their directory."""
-  from huggingface_hub import hf_hub_download  # pylint: disable=import-outside-toplevel
+  safetensors weights of ``hf-hub:org/name`` and returns their directory.
+
+  Offline (``HF_HUB_OFFLINE=1``, or the Hub's host does not answer a quick
+  probe) only the local cache is read: a repo that is not there fails at
+  once, naming the cache, the ``hf download`` command and
+  ``HF_HUB_OFFLINE``, instead of after huggingface_hub's retries."""
+  from huggingface_hub import constants, hf_hub_download  # pylint: disable=import-outside-toplevel
   from huggingface_hub.errors import (  # pylint: disable=import-outside-toplevel
       EntryNotFoundError, LocalEntryNotFoundError)
+  import urllib.parse  # pylint: disable=import-outside-toplevel
 
   repo, revision = parse_hub_name(source)
   offline = os.environ.get("HF_HUB_OFFLINE", "0").lower() in ("1", "true",
                                                                "yes", "on")
+  host = urllib.parse.urlparse(constants.ENDPOINT).hostname or "huggingface.co"
+  local = offline or not net.online(host, timeout=3.0)
   try:
-    config = hf_hub_download(repo, "config.json", revision=revision)
+    config = hf_hub_download(repo, "config.json", revision=revision,
+                             local_files_only=local)
   except LocalEntryNotFoundError as e:
+    why = ("HF_HUB_OFFLINE is set" if offline else
+           f"{host} cannot be reached (set HF_HUB_OFFLINE=1 to skip that "
+           f"check)")
     raise FileNotFoundError(
         f"config.json of {repo} is not in the local Hugging Face cache "
-        f"({_cache_dir()}) and " +
-        ("HF_HUB_OFFLINE is set" if offline else "the Hub cannot be reached") +
-        f". Fetch it on a machine with internet access with\n"
+        f"({_cache_dir()}) and {why}. Fetch it on a machine with internet "
+        f"access with\n"
         f"    hf download {repo} config.json model.safetensors "
         f"preprocessor_config.json\nand copy the cache here (or pass the "
-        f"downloaded directory itself). ({type(e).__name__})") from None
+        f"downloaded directory itself; HF_HUB_CACHE names another cache). "
+        f"({type(e).__name__})") from None
   except Exception as e:  # repository not found, gated, network errors
     raise FileNotFoundError(f"cannot fetch {repo} from the Hugging Face Hub: "
                             f"{type(e).__name__}: {e}") from None
   folder = os.path.dirname(config)
   for name in WEIGHT_FILES + ("preprocessor_config.json",):
     try:
-      hf_hub_download(repo, name, revision=revision)
+      hf_hub_download(repo, name, revision=revision, local_files_only=local)
     except (EntryNotFoundError, LocalEntryNotFoundError):
       continue  # not every repo has every file
     except Exception:  # pylint: disable=broad-except

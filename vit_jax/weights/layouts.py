@@ -513,31 +513,34 @@ def transformers_layout(config: Optional[Mapping[str, Any]]) -> Optional[str]:
   return HF_MODEL_TYPES.get(model_type) if model_type else None
 
 
+# (a key that only this layout has, the layout), first match wins; keys are
+# read without a wrapper's prefix.
+_SIGNATURES = (
+    (r"^(class_token$|conv_proj\.|encoder\.layers\.encoder_layer_)",
+     "torchvision"),
+    (r"^embeddings\.class_embedding$", "transformers_clip"),
+    (r"^embeddings\.patch_embedding\.weight$", "transformers_siglip"),
+    (r"^embeddings\.patch_embed\.weight$|\.rms_norm1\.weight$",
+     "transformers_aimv2"),
+    (r"^embeddings\.patch_embeddings\.weight$|^(model\.)?layer\.\d+\."
+     r"layer_scale1", "transformers_dinov3"),
+    (r"^embeddings\.register_tokens$", "transformers_dinov2_reg"),
+    (r"layer_scale1\.lambda1$|^encoder\.layer\.\d+\.norm1\.",
+     "transformers_dinov2"),
+    (r"^embeddings\.patch_embeddings\.projection\.weight$", "transformers"),
+    (r"^(patch_embed\.proj\.weight$|blocks\.)", "timm"),
+)
+
+
 def detect(keys) -> Optional[str]:
   """The layout a state dict's keys are in (None: not a ViT we know).
   timm's two classes are one answer, ``'timm'``: :func:`timm_layout` tells
   them apart."""
   keys = [re.sub(r"^(module|vision_model|vit|dinov2(_with_registers)?|"
                  r"dinov3)\.", "", k) for k in keys]
-  has = lambda pattern: any(re.search(pattern, k) for k in keys)  # noqa: E731
-  if has(r"^(class_token$|conv_proj\.|encoder\.layers\.encoder_layer_)"):
-    return "torchvision"
-  if has(r"^embeddings\.class_embedding$"):
-    return "transformers_clip"
-  if has(r"^embeddings\.patch_embedding\.weight$"):
-    return "transformers_siglip"
-  if has(r"^embeddings\.patch_embed\.weight$|\.rms_norm1\.weight$"):
-    return "transformers_aimv2"
-  if has(r"^embeddings\.patch_embeddings\.weight$|^(model\.)?layer\.\d+\."
-         r"layer_scale1"):
-    return "transformers_dinov3"
-  if has(r"layer_scale1\.lambda1$|^encoder\.layer\.\d+\.norm1\."):
-    return ("transformers_dinov2_reg" if has(r"^embeddings\.register_tokens$")
-            else "transformers_dinov2")
-  if has(r"^embeddings\.patch_embeddings\.projection\.weight$"):
-    return "transformers"
-  if has(r"^(patch_embed\.proj\.weight$|blocks\.)"):
-    return "timm"
+  for pattern, layout in _SIGNATURES:
+    if any(re.search(pattern, k) for k in keys):
+      return layout
   return None
 
 

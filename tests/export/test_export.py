@@ -406,8 +406,8 @@ def test_cli(tmp_path, capsys):
 def test_bench_export_smoke():
   """bench/export.py runs every runtime end to end (no speed asserted)."""
   import sys  # pylint: disable=import-outside-toplevel
-  sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(
-      __file__))))
+  from train_helpers import REPO  # pylint: disable=import-outside-toplevel
+  sys.path.insert(0, REPO)
   from bench import export as bench_export  # pylint: disable=import-outside-toplevel
   rec = bench_export.main([
       "--model", "vit_ti_16", "--image-size", "32", "--batches", "1,2",
@@ -443,6 +443,42 @@ def test_onnx_checks_its_torch_twin():
     export_onnx.check_twin(s, net)
 
 
+def test_exported_preprocessing_says_what_it_takes():
+  pre = PRE
+  for bad, hint in ((np.zeros((2, 3, 40, 40), np.uint8), "NCHW"),
+                    (np.zeros((40, 40, 3), np.uint8), r"images\[None\]"),
+                    (np.zeros((2, 40, 40, 3), np.float32), "")):
+    with pytest.raises(export.ExportError, match=r"uint8 \(batch, height, "
+                       r"width, 3\), values 0-255; got .*" + hint):
+      export_preprocessing.preprocess(jnp.asarray(bad), pre)
+
+
+def test_verify_cannot_pass_for_want_of_a_signal(tmp_path, capsys):
+  """A fresh (all-zero) head gives every image the same logits: --verify
+  then checks a copy with a random head, exported the same way, and says
+  so."""
+  model, variables = _model("classic")
+  params = dict(variables["params"])
+  params["head"] = {"kernel": np.zeros_like(params["head"]["kernel"]),
+                    "bias": np.asarray(params["head"]["bias"])}
+  zero = dict(variables, params=params)
+  ckpt = str(tmp_path / "fresh_head.safetensors")
+  formats.save_safetensors(zero, ckpt, model=model)
+  out = str(tmp_path / "fresh.shlo")
+  assert export_cli.main(["--checkpoint", ckpt, "--format", "stablehlo",
+                          "--out", out, "--verify"]) == 0
+  text = capsys.readouterr().out
+  assert "head is all zero" in text and "a copy with a random head" in text
+  s = export.servable((model, zero))
+  got = export.verify(s, "stablehlo", out)
+  assert got.note and float(got) == 0.0  # StableHLO: the same program
+  # A real head: verified as it is, no note.
+  out2 = str(tmp_path / "real.shlo")
+  export.export((model, variables), "stablehlo", out2)
+  got = export.verify(export.servable((model, variables)), "stablehlo", out2)
+  assert got.note == "" and float(got) == 0.0
+
+
 # --------------------------------------------------------------------------- #
 # The 2026 families (issue 21): RoPE, gated MLPs, RMSNorm, distillation.
 # --------------------------------------------------------------------------- #
@@ -465,12 +501,12 @@ def _new_family(family):
 
 def test_2026_families_export_and_verify(tmp_path):
   """DINOv3 (RoPE) in every runtime; the other families' ONNX twins are
-  timm's own models (tests/test_families_2026.py builds each from our
+  timm's own models (tests/weights/test_families_2026.py builds each from our
   fields and compares it with the timm model it came from)."""
   family = "dinov3"
   s = _new_family(family)
   for fmt in export.FORMATS:
     path = export.export(s, fmt, str(tmp_path / f"{family}{SUFFIX[fmt]}"))
-    err = export.verify(s, fmt, path)
+    err = float(export.verify(s, fmt, path))
     print(f"\nEXPORT {family} {fmt}: max relative error {err:.1e}")
     assert err < TOL, (fmt, err)

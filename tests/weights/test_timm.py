@@ -74,7 +74,7 @@ def test_timm_no_embed_class_is_a_model_option():
 ])
 def test_timm_features_we_lack_are_named(kw, what):
   # (qk_norm and DeiT's distillation token are supported since issue 21:
-  # tests/test_families_2026.py compares them with timm.)
+  # tests/weights/test_families_2026.py compares them with timm.)
   kw = dict(kw)
   if kw.get("name", "").startswith("deit"):  # another class: fixed depth
     sd = timm.create_model(kw["name"], pretrained=False).state_dict()

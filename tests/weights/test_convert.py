@@ -183,3 +183,44 @@ def test_load_torchvision_named_weights_use_their_preprocessing(monkeypatch):
   assert (pre.crop_size, pre.resize_size, pre.interpolation) == (224, 256, "bilinear")
   with pytest.raises(ValueError, match="no weights 'NOPE' for vit_b_16"):
     convert.load_torchvision("vit_b_16", "NOPE")
+
+
+def test_damaged_files_say_they_are_damaged(tmp_path, monkeypatch):
+  """A truncated .pth is damaged, not refused for pickled code; a truncated
+  safetensors file gives both sizes; no torch installed names pip."""
+  from vit_jax import weights  # pylint: disable=import-outside-toplevel
+  from vit_jax.weights import files  # pylint: disable=import-outside-toplevel
+  sd = {"class_token": torch.randn(1, 1, 8), "w": torch.randn(64, 64)}
+  path = tmp_path / "w.pth"
+  torch.save(sd, path)
+  data = path.read_bytes()
+  for cut in (len(data) // 2, len(data) - 30):
+    (tmp_path / "cut.pth").write_bytes(data[:cut])
+    with pytest.raises(weights.CheckpointError,
+                       match=rf"damaged or truncated \({cut:,} bytes\)") as e:
+      weights.load(str(tmp_path / "cut.pth"))
+    assert "pickled" not in str(e.value)
+  # Legacy (non-zip) torch files too.
+  torch.save(sd, tmp_path / "old.pth", _use_new_zipfile_serialization=False)
+  legacy = (tmp_path / "old.pth").read_bytes()
+  (tmp_path / "old_cut.pth").write_bytes(legacy[:len(legacy) // 2])
+  with pytest.raises(ValueError, match="damaged or truncated"):
+    files.read_torch(str(tmp_path / "old_cut.pth"))
+  files.write_safetensors({"w": np.ones((64, 64), np.float32)},
+                          str(tmp_path / "w.safetensors"))
+  data = (tmp_path / "w.safetensors").read_bytes()
+  (tmp_path / "cut.safetensors").write_bytes(data[:-1000])
+  with pytest.raises(ValueError, match=rf"truncated \({len(data) - 1000:,} of "
+                     rf"{len(data):,} bytes, as its header says\)"):
+    files.read_safetensors(str(tmp_path / "cut.safetensors"))
+  import builtins  # pylint: disable=import-outside-toplevel
+  real = builtins.__import__
+
+  def no_torch(name, *a, **k):
+    if name == "torch":
+      raise ModuleNotFoundError("No module named 'torch'")
+    return real(name, *a, **k)
+
+  monkeypatch.setattr(builtins, "__import__", no_torch)
+  with pytest.raises(ValueError, match=r"needs PyTorch: pip install torch"):
+    files.read_torch(str(path))

@@ -9,7 +9,7 @@ import sys
 
 import pytest
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+from train_helpers import REPO  # noqa: E402
 sys.path.insert(0, REPO)
 
 from bench import accelerator  # noqa: E402  pylint: disable=wrong-import-position

@@ -465,8 +465,8 @@ def test_dinov3_7b_under_an_fsdp_mesh():
   arch.update(hidden_size=ref.embed_dim, num_heads=ref.blocks[0].attn.num_heads,
               num_layers=len(ref.blocks),
               mlp_dim=ref.blocks[0].mlp.fc2.in_features, num_classes=0)
-  root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-  env = dict(os.environ, JAX_PLATFORMS="cpu", PYTHONPATH=root,
+  from train_helpers import REPO  # pylint: disable=import-outside-toplevel
+  env = dict(os.environ, JAX_PLATFORMS="cpu", PYTHONPATH=REPO,
              XLA_FLAGS="--xla_force_host_platform_device_count=8")
   out = subprocess.run([sys.executable, "-c", _FSDP_CHILD, json.dumps(arch)],
                        capture_output=True, text=True, env=env, check=True,

@@ -242,3 +242,35 @@ def test_clip_model_vision_half():
   with torch.no_grad():
     ref = m.vision_model(pixel_values=torch_in(x)).pooler_output.numpy()
   assert_close_rel(apply(model, variables, x), ref)
+
+
+def test_an_unreachable_hub_fails_fast_without_hf_hub_offline(tmp_path,
+                                                             monkeypatch):
+  """No HF_HUB_OFFLINE, no network: the cache is read at once, and a repo
+  that is not there fails in well under huggingface_hub's retries, naming
+  HF_HUB_OFFLINE=1 and the command that fetches it."""
+  import time  # pylint: disable=import-outside-toplevel
+
+  from huggingface_hub import constants  # pylint: disable=import-outside-toplevel
+  from vit_jax.data import net  # pylint: disable=import-outside-toplevel
+  cache = str(tmp_path / "hub")
+  _save_vit(tmp_path / "vit")
+  hf_cache.put(cache, "google/vit-base-patch16-224", str(tmp_path / "vit"))
+  monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
+  monkeypatch.setattr(constants, "HF_HUB_OFFLINE", False)
+  monkeypatch.setenv("HF_HUB_CACHE", cache)
+  monkeypatch.setattr(constants, "HF_HUB_CACHE", cache)
+  # A dead endpoint: any request would fail (after retries).
+  monkeypatch.setattr(constants, "ENDPOINT", "http://127.0.0.1:9")
+  asked = []
+  monkeypatch.setattr(net, "online", lambda host, timeout=4.0: asked.append(
+      host) or False)
+  loaded = weights.load("hf-hub:google/vit-base-patch16-224")
+  assert loaded.kind == "transformers" and asked == ["127.0.0.1"]
+  t0 = time.perf_counter()
+  with pytest.raises(weights.CheckpointError,
+                     match=r"(?s)vit-large-patch16-224.*not in the local "
+                     r"Hugging Face cache.*127.0.0.1 cannot be reached.*"
+                     r"HF_HUB_OFFLINE=1.*hf download"):
+    weights.load("hf-hub:google/vit-large-patch16-224")
+  assert time.perf_counter() - t0 < 5

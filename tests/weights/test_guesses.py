@@ -112,3 +112,41 @@ def test_a_torchvision_file_says_which_recipe_it_assumed(tmp_path):
   loaded, said = _load(path)
   assert len(said) == 1 and "IMAGENET1K_V1" in str(said[0].message)
   assert loaded.preprocessing == pp.torchvision_classic(32)
+
+
+def test_preprocess_checks_what_it_is_given(files):
+  """Floats in [0, 1] (all black after normalisation), CHW and batches are
+  refused with what was expected; uint8, [0, 255] floats and grey-scale
+  work."""
+  loaded, _ = _load(files["dinov2"], model_name="vit_small_patch14_reg4_dinov2")
+  rng = np.random.default_rng(0)
+  img = rng.integers(0, 256, (40, 50, 3), dtype=np.uint8)
+  want = loaded.preprocess(img)
+  assert want.shape == (SIZE, SIZE, 3) and want.std() > 0.1
+  np.testing.assert_array_equal(loaded.preprocess(img.astype(np.float32)), want)
+  grey = img[..., 0]
+  np.testing.assert_array_equal(loaded.preprocess(grey),
+                                loaded.preprocess(np.stack([grey] * 3, -1)))
+  for bad, match in (
+      (img / 255.0, r"values in \[0, 1\].*\(image \* 255\)"),
+      (img.transpose(2, 0, 1), r"CHW.*transpose\(1, 2, 0\)"),
+      (img[None], r"a batch of shape \(1, 40, 50, 3\)"),
+      (np.concatenate([img, img[..., :1]], -1), r"RGBA.*\[\.\.\., :3\]"),
+      (img.astype(np.float32) * 2, r"outside \[0, 255\]"),
+      (np.zeros((4,)), r"shape \(4,\)")):
+    with pytest.raises(ValueError, match="Loaded.preprocess takes one decoded "
+                       "image: uint8 \\(height, width, 3\\) RGB.*" + match):
+      loaded.preprocess(bad)
+
+
+def test_predict_reports_a_wrong_array_per_image(files):
+  loaded, _ = _load(files["dinov2"], model_name="vit_small_patch14_reg4_dinov2")
+  sd = dict(torch.load(files["dinov2"], weights_only=True))
+  sd["head.weight"] = torch.randn(5, 384)
+  sd["head.bias"] = torch.randn(5)
+  model, variables = formats.from_timm(sd, "vit_small_patch14_reg4_dinov2")
+  loaded.model, loaded.variables = model, variables
+  good = np.zeros((40, 40, 3), np.uint8)
+  out = predict.predict(loaded, [good, good / 255.0 + 0.5 / 255], top_k=2)
+  assert out[0].error is None and len(out[0].top) == 2
+  assert "values in [0, 1]" in out[1].error and out[1].path == "<array 1>"
