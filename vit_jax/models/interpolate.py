@@ -16,6 +16,11 @@ kernels:
 
 * :func:`bilinear_matrix`: ``mode='bilinear'`` without antialiasing
   (RADIO's position grid).
+* :func:`resize_weights` / :func:`bilinear_taps`: rows of those resizes
+  (and of the antialiased bilinear one, SigLIP 2's NaFlex grid) at chosen
+  output indices for an output size that may be a traced value: written
+  once for numpy and ``jax.numpy`` (``xp``), so that NaFlex models resize
+  their position grid to each image's own grid inside ``jit``.
 
 Note ``jax.image.resize`` ('cubic') is neither (A = -0.5, no renormalisation
 at the border, no widening when upsampling). The matrices are numpy, so they
@@ -133,3 +138,101 @@ def resize_2d(grid: np.ndarray, mat_h: np.ndarray, mat_w: np.ndarray):
   """(..., H, W, D) -> (..., H', W', D) with per-axis matrices (numpy)."""
   out = np.einsum("Hh,...hwd->...Hwd", mat_h, grid)
   return np.einsum("Ww,...hwd->...hWd", mat_w, out)
+
+
+# --------------------------------------------------------------------------- #
+# Rows of a resize for an output size known only at run time (NaFlex).
+# --------------------------------------------------------------------------- #
+
+# PyTorch's F.interpolate modes a NaFlex position grid is resized with:
+# 'bilinear_aa' (bilinear, antialias=True: SigLIP 2), 'bicubic_aa' (bicubic,
+# antialias=True: timm's NaFlexVit default), 'bilinear' (no antialiasing:
+# RADIO). align_corners=False for the antialiased ones, as timm's.
+RESIZE_KINDS = ("bilinear_aa", "bicubic_aa", "bilinear")
+
+
+def bilinear_taps(n_in: int, size, pos, align_corners: bool, xp=np):
+  """The two taps of PyTorch's plain bilinear resize (``antialias=False``)
+  of an ``n_in`` axis to ``size`` at output indices ``pos``: ``(i0, i1,
+  w0, w1)``, each shaped like ``pos`` (``i*`` int32, ``w*`` float32).
+
+  ``size`` and ``pos`` are arrays (traced under ``jit`` with
+  ``xp=jax.numpy``), broadcast together. Source coordinates in float32,
+  as PyTorch computes them for float32 inputs: :func:`bilinear_matrix`'s
+  arithmetic.
+  """
+  f = xp.float32
+  size = xp.asarray(size).astype(f)
+  pos = xp.asarray(pos).astype(f)
+  if align_corners:
+    scale = xp.where(size > 1, f(n_in - 1) / xp.maximum(size - 1, f(1)), f(0))
+    src = pos * scale
+  else:
+    src = xp.maximum((pos + f(0.5)) * (f(n_in) / size) - f(0.5), f(0))
+  i0 = xp.minimum(xp.floor(src), f(n_in - 1))
+  i1 = xp.minimum(i0 + 1, f(n_in - 1))
+  w1 = (src - i0).astype(f)
+  return (i0.astype(xp.int32), i1.astype(xp.int32), (f(1) - w1).astype(f),
+          w1)
+
+
+def resize_weights(kind: str, n_in: int, size, pos, align_corners: bool = False,
+                   xp=np):
+  """Rows of PyTorch's (size, n_in) resize matrix at output indices
+  ``pos``: (..., n_in) float32 for ``pos`` and ``size`` (arrays, traced
+  under ``jit`` with ``xp=jax.numpy``) broadcast together.
+
+  ``kind`` (:data:`RESIZE_KINDS`): ``'bilinear'`` (``antialias=False``,
+  ``align_corners`` as given: :func:`bilinear_taps`), or the antialiased
+  ``'bilinear_aa'`` / ``'bicubic_aa'`` (``align_corners=False``): PyTorch's
+  separable antialiased kernel, as :func:`aa_bicubic_matrix` describes,
+  with the triangle filter (support 1) or the A = -0.5 cubic (support 2),
+  widened by the scale when shrinking, computed in float32 as PyTorch does
+  for float32 inputs.
+  """
+  if kind not in RESIZE_KINDS:
+    raise ValueError(f"resize kind {kind!r}: expected one of {RESIZE_KINDS}")
+  f = xp.float32
+  j = xp.arange(n_in).astype(f)
+  if kind == "bilinear":
+    i0, i1, w0, w1 = bilinear_taps(n_in, size, pos, align_corners, xp)
+    return (w0[..., None] * (j == i0[..., None].astype(f)) +
+            w1[..., None] * (j == i1[..., None].astype(f))).astype(f)
+  if align_corners:
+    raise ValueError(f"resize kind {kind!r} is antialiased: PyTorch has no "
+                     f"align_corners=True for it")
+  size = xp.asarray(size).astype(f)
+  pos = xp.asarray(pos).astype(f)
+  base = f(1.0) if kind == "bilinear_aa" else f(2.0)
+  scale = f(n_in) / size
+  shrink = scale >= 1
+  support = xp.where(shrink, scale * base, base)
+  invscale = xp.where(shrink, f(1) / scale, f(1))
+  center = scale * (pos + f(0.5))
+  # PyTorch truncates toward zero and clamps to the grid: for the lower
+  # bound floor-then-clamp is the same.
+  lo = xp.maximum(xp.floor(center - support + f(0.5)), f(0))
+  hi = xp.minimum(xp.floor(center + support + f(0.5)), f(n_in))
+  t = xp.abs((j - center[..., None] + f(0.5)) * invscale[..., None])
+  if kind == "bilinear_aa":
+    w = xp.maximum(f(1) - t, f(0))
+  else:
+    a = f(-0.5)
+    near = ((a + 2) * t - (a + 3)) * t * t + 1
+    far = ((a * t - 5 * a) * t + 8 * a) * t - 4 * a
+    w = xp.where(t < 1, near, xp.where(t < 2, far, f(0)))
+  w = w * ((j >= lo[..., None]) & (j < hi[..., None])).astype(f)
+  total = xp.sum(w, axis=-1, keepdims=True)
+  return (w / xp.where(total != 0, total, f(1))).astype(f)
+
+
+@functools.lru_cache(maxsize=256)
+def aa_bilinear_matrix(n_in: int, n_out: int) -> np.ndarray:
+  """(n_out, n_in) float32-computed matrix of PyTorch's ``F.interpolate(...,
+  mode='bilinear', antialias=True, align_corners=False)`` along one axis
+  (SigLIP 2's NaFlex position grid): :func:`resize_weights` at every output
+  index, as float64."""
+  mat = resize_weights("bilinear_aa", n_in, n_out,
+                       np.arange(n_out)).astype(np.float64)
+  mat.setflags(write=False)
+  return mat

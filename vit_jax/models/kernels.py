@@ -198,11 +198,14 @@ def head_major(x):
   return jnp.transpose(x, (0, 2, 1, 3))
 
 
-def attention_weights(qh, kh, scale):
-  """softmax(q k^T * scale) in float32, as jax.nn.dot_product_attention's
-  XLA path computes it (float32 logits, scale applied to the logits)."""
+def attention_weights(qh, kh, scale, bias=None):
+  """softmax(q k^T * scale + bias) in float32, as
+  jax.nn.dot_product_attention's XLA path computes it (float32 logits,
+  scale applied to the logits); ``bias`` as :func:`attention`'s."""
   logits = jnp.einsum("bhqd,bhkd->bhqk", qh, kh,
                       preferred_element_type=jnp.float32) * scale
+  if bias is not None:
+    logits = logits + bias
   return jax.nn.softmax(logits, axis=-1)
 
 
@@ -216,8 +219,12 @@ _ATTENTION_CHUNK_ELEMENTS = 2 ** 19
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(3,))
-def attention(qh, kh, vh, scale):
-  """softmax(q k^T * scale) v on head-major (B, H, N, hd) operands.
+def attention(qh, kh, vh, scale, bias=None):
+  """softmax(q k^T * scale + bias) v on head-major (B, H, N, hd) operands.
+
+  ``bias``: None, or an additive float32 (B, 1, 1, S) key bias (a NaFlex
+  batch's padding mask: 0 for a key that may be read, float32's lowest
+  for padding); it gets no gradient.
 
   Written for XLA:CPU (each step measured in bench/README.md):
   * the scale multiplies q (N x hd) rather than the logits (N x N), and the
@@ -235,7 +242,7 @@ def attention(qh, kh, vh, scale):
   Logits, exponentials and row sums are float32 whatever the input dtype,
   as in ``jax.nn.dot_product_attention``.
   """
-  return _attention_fwd(qh, kh, vh, scale)[0]
+  return _attention_fwd(qh, kh, vh, scale, bias)[0]
 
 
 def _bdot(a, b, contracting):
@@ -251,10 +258,13 @@ def _swap_last(x):
   return jnp.transpose(x.reshape(g, a, b, 1), (0, 3, 2, 1)).reshape(g, b, a)
 
 
-def _attention_block_fwd(q, k, v, scale):
+def _attention_block_fwd(q, k, v, scale, bias=None):
   """(G, N, hd) blocks -> output, row max of the logits, 1 / row sum of
-  exp(logits - max), and those exponentials."""
+  exp(logits - max), and those exponentials. ``bias``: None or (G, 1, S)
+  added to the logits."""
   s = _bdot(q * jnp.asarray(scale, q.dtype), k, ((2,), (2,)))
+  if bias is not None:
+    s = s + bias
   m = jnp.max(s, axis=-1, keepdims=True)
   e = jnp.exp(s - m)
   inv_l = 1.0 / jnp.sum(e, axis=-1, keepdims=True)
@@ -303,24 +313,37 @@ def _flat(t):
   return t.reshape((-1,) + t.shape[2:])
 
 
-def _attention_fwd(qh, kh, vh, scale):
+def _flat_bias(bias, qh):
+  """(B, 1, 1, S) key bias -> (B*H, 1, S), one row per (batch, head)."""
+  b, h = qh.shape[0], qh.shape[1]
+  return jnp.broadcast_to(bias, (b, h, 1, bias.shape[-1])).reshape(
+      b * h, 1, bias.shape[-1])
+
+
+def _attention_fwd(qh, kh, vh, scale, bias=None):
   g = attention_chunks(qh, kh)
   q, k, v = _flat(qh), _flat(kh), _flat(vh)
+  fb = None if bias is None else _flat_bias(bias, qh)
   if g is None:
-    o, _, inv_l, e = _attention_block_fwd(q, k, v, scale)
+    o, _, inv_l, e = _attention_block_fwd(q, k, v, scale, fb)
     m = None
   else:
     split = lambda t: t.reshape(-1, g, *t.shape[1:])
-    o, m, inv_l = lax.map(
-        lambda a: _attention_block_fwd(*a, scale)[:3],
-        (split(q), split(k), split(v)))
+    if fb is None:
+      o, m, inv_l = lax.map(
+          lambda a: _attention_block_fwd(*a, scale)[:3],
+          (split(q), split(k), split(v)))
+    else:
+      o, m, inv_l = lax.map(
+          lambda a: _attention_block_fwd(*a, scale)[:3],
+          (split(q), split(k), split(v), split(fb)))
     e = None
   o = o.reshape(qh.shape)
-  return o, (qh, kh, vh, o, e, m, inv_l)
+  return o, (qh, kh, vh, o, e, m, inv_l, bias)
 
 
 def _attention_bwd(scale, res, do):
-  qh, kh, vh, o, e, m, inv_l = res
+  qh, kh, vh, o, e, m, inv_l, bias = res
   q, k, v, o, do = (_flat(t) for t in (qh, kh, vh, o, do))
   if e is not None:
     grads = _attention_block_bwd(q, k, v, o, e, inv_l, do, scale)
@@ -329,15 +352,20 @@ def _attention_bwd(scale, res, do):
     split = lambda t: t.reshape(-1, g, *t.shape[1:])
 
     def chunk(args):
-      q_c, k_c, v_c, o_c, m_c, inv_l_c, do_c = args
+      q_c, k_c, v_c, o_c, m_c, inv_l_c, do_c = args[:7]
       s = _bdot(q_c * jnp.asarray(scale, q_c.dtype), k_c, ((2,), (2,)))
+      if len(args) > 7:
+        s = s + args[7]
       e_c = jnp.exp(s - m_c)  # the forward's exponentials, recomputed
       return _attention_block_bwd(q_c, k_c, v_c, o_c, e_c, inv_l_c, do_c,
                                   scale)
 
-    grads = lax.map(chunk, (split(q), split(k), split(v), split(o), m, inv_l,
-                            split(do)))
-  return tuple(d.reshape(t.shape) for d, t in zip(grads, (qh, kh, vh)))
+    xs = (split(q), split(k), split(v), split(o), m, inv_l, split(do))
+    if bias is not None:
+      xs += (split(_flat_bias(bias, qh)),)
+    grads = lax.map(chunk, xs)
+  grads = tuple(d.reshape(t.shape) for d, t in zip(grads, (qh, kh, vh)))
+  return grads + (None if bias is None else jnp.zeros_like(bias),)
 
 
 attention.defvjp(_attention_fwd, _attention_bwd)

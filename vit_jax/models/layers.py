@@ -21,7 +21,7 @@ import jax.numpy as jnp
 from jax import lax
 import numpy as np
 
-from vit_jax.models import interpolate, kernels, rope as rope_lib
+from vit_jax.models import interpolate, kernels, naflex, rope as rope_lib
 
 Dtype = Any
 
@@ -208,13 +208,25 @@ class PatchEmbed(nn.Module):
   param_dtype: Dtype = jnp.float32
 
   @nn.compact
-  def __call__(self, x):
+  def __call__(self, x, patches: bool = False):
+    """``x``: images (B, H, W, C) -> (B, h, w, features); with ``patches``
+    already cut patches (B, N, p*p*C) in (y, x, channel) order (a NaFlex
+    batch) -> (B, N, features): the same kernel as one matrix."""
     p = self.patch_size
-    b, height, width, c = x.shape
+    if patches:
+      b, n, k = x.shape
+      c = k // (p * p)
+    else:
+      b, height, width, c = x.shape
     kernel = self.param("kernel", nn.linear.default_kernel_init,
                         (p, p, c, self.features), self.param_dtype)
     bias = (self.param("bias", nn.initializers.zeros_init(), (self.features,),
                        self.param_dtype) if self.use_bias else None)
+    if patches:
+      x = x.astype(self.dtype or jnp.result_type(x.dtype, self.param_dtype))
+      y = kernels.dense(x.reshape(b * n, k),
+                        kernel.reshape(p * p * c, self.features), bias)
+      return y.reshape(b, n, self.features)
     h, w = height // p, width // p
     x = x[:, :h * p, :w * p].astype(self.dtype or jnp.result_type(
         x.dtype, self.param_dtype))
@@ -255,7 +267,9 @@ class MultiHeadDotProductAttention(nn.Module):
   queries and keys: linen's ``query_ln`` / ``key_ln``), ``inner_norm`` (a
   norm of the heads' output before the out projection: EVA-02 CLIP's
   ``inner_norm``). ``rope=(sin, cos, kind)`` rotates the queries and keys
-  after those norms (:mod:`vit_jax.models.rope`).
+  after those norms (:mod:`vit_jax.models.rope`). ``mask`` (B, S) bool:
+  the keys that may be read (a NaFlex batch's padding is not); every path
+  computes the same masked function.
   """
 
   num_heads: int
@@ -274,7 +288,7 @@ class MultiHeadDotProductAttention(nn.Module):
   layer_norm_eps: float = LN_EPS
 
   @nn.compact
-  def __call__(self, inputs_q, inputs_kv=None, rope=None):
+  def __call__(self, inputs_q, inputs_kv=None, rope=None, mask=None):
     inputs_kv = inputs_q if inputs_kv is None else inputs_kv
     b, n, d = inputs_q.shape
     s = inputs_kv.shape[1]
@@ -312,18 +326,26 @@ class MultiHeadDotProductAttention(nn.Module):
     scale = 1.0 / math.sqrt(hd)
     if impl in ("matmul", "weights"):
       qh, kh, vh = (kernels.head_major(t) for t in (q, k, v))
+      bias = None if mask is None else naflex.attention_bias(mask)
       if impl == "weights":
-        weights = kernels.attention_weights(qh, kh, scale).astype(self.dtype)
+        weights = kernels.attention_weights(qh, kh, scale, bias).astype(
+            self.dtype)
         if self.sow_weights:
           self.sow("intermediates", "attention_weights", weights)
         if use_dropout:
           weights = nn.Dropout(self.dropout_rate)(weights, deterministic=False)
         oh = jnp.einsum("bhqk,bhkd->bhqd", weights, vh)
-      else:
+      elif bias is None:
         oh = kernels.attention(qh, kh, vh, scale)
+      else:
+        oh = kernels.attention(qh, kh, vh, scale, bias)
       y = jnp.transpose(oh, (0, 2, 1, 3))  # (B, N, H, hd)
-    else:
+    elif mask is None:
       y = jax.nn.dot_product_attention(q, k, v, implementation=impl)
+    else:
+      y = jax.nn.dot_product_attention(
+          q, k, v, mask=jnp.broadcast_to(mask[:, None, None, :], (b, 1, n, s)),
+          implementation=impl)
     y = y.reshape(b * n, d)
     if self.inner_norm:
       y = norm(name="inner_norm")(y)
@@ -409,7 +431,9 @@ class Encoder1DBlock(nn.Module):
   Returns ``(output, output)`` so the same module runs under ``nn.scan``.
   ``drop_path_rate`` is this block's stochastic-depth rate (a float, or a
   traced scalar under ``nn.scan``); ``rope``: the (sin, cos) rotary tables
-  of ``rope_kind`` for the token grid, shared by every block. The norms are
+  of ``rope_kind`` for the token grid, shared by every block; ``mask``
+  (B, T) bool: the tokens attention may read (a NaFlex batch's padding is
+  not). The norms are
   ``LayerNorm_0`` / ``LayerNorm_1`` whatever their kind (an RMSNorm has a
   ``scale`` and no ``bias``).
   """
@@ -438,7 +462,7 @@ class Encoder1DBlock(nn.Module):
   rope_kind: Optional[str] = None
 
   @nn.compact
-  def __call__(self, inputs, drop_path_rate=0.0, rope=None):
+  def __call__(self, inputs, drop_path_rate=0.0, rope=None, mask=None):
     norm = norm_layer(self.norm_type, self.layer_norm_eps, self.dtype,
                       self.param_dtype)
     drop_path = (
@@ -460,7 +484,8 @@ class Encoder1DBlock(nn.Module):
         qk_norm=self.qk_norm, inner_norm=self.attn_norm,
         norm_type=self.norm_type, layer_norm_eps=self.layer_norm_eps,
         name="MultiHeadDotProductAttention_0")(
-            x, rope=None if rope is None else (*rope, self.rope_kind))
+            x, rope=None if rope is None else (*rope, self.rope_kind),
+            mask=mask)
     x = nn.Dropout(self.dropout_rate)(x, deterministic=self.deterministic)
     x = drop_path(scale(x)) + inputs
 
@@ -478,7 +503,8 @@ class Encoder1DBlock(nn.Module):
 class MAPHead(nn.Module):
   """Multihead attention pooling (big_vision's ``MAPHead``, timm's
   ``attn_pool``): a learned ``probe`` token attends to all tokens, then a
-  residual MLP; returns the pooled (B, D) features."""
+  residual MLP; returns the pooled (B, D) features. ``mask`` (B, N) bool:
+  the tokens the probe may read (a NaFlex batch's padding is not)."""
 
   num_heads: int
   mlp_dim: int
@@ -489,7 +515,7 @@ class MAPHead(nn.Module):
   attention_impl: Optional[str] = None
 
   @nn.compact
-  def __call__(self, x):
+  def __call__(self, x, mask=None):
     n, _, d = x.shape
     probe = self.param("probe", nn.initializers.xavier_uniform(), (1, 1, d),
                        self.param_dtype)
@@ -497,7 +523,7 @@ class MAPHead(nn.Module):
     x = MultiHeadDotProductAttention(
         num_heads=self.num_heads, dtype=self.dtype,
         param_dtype=self.param_dtype,
-        attention_impl=self.attention_impl)(probe, x)
+        attention_impl=self.attention_impl)(probe, x, mask=mask)
     y = LayerNorm(epsilon=self.layer_norm_eps, dtype=self.dtype,
                      param_dtype=self.param_dtype)(x)
     x = x + MlpBlock(mlp_dim=self.mlp_dim, dtype=self.dtype,
@@ -621,6 +647,11 @@ class Encoder(nn.Module):
   input's grid and shared by the blocks. ``no_embed_registers``: the
   position embedding covers the class token but not the registers, which
   are inserted after it is added (transformers' Dinov2WithRegisters).
+  ``naflex`` (a resize kind of :mod:`vit_jax.models.naflex`): the learned
+  position embedding is a ``naflex_grid`` grid (``posembed_input/
+  pos_grid``) resized to each image's patch grid, added to the patch
+  tokens only (timm's NaFlexEmbeds); a NaFlex batch's ``valid`` mask keeps
+  its padding out of every attention.
   """
 
   num_layers: int
@@ -660,6 +691,10 @@ class Encoder(nn.Module):
   rope_grid_indexing: str = "ij"
   rope_ref_grid: Optional[Tuple[int, int]] = None
   rope_augment: Optional[Tuple[Tuple[str, Optional[float]], ...]] = None
+  naflex: Optional[str] = None
+  naflex_square: bool = False
+  naflex_align_corners: bool = False
+  naflex_grid: Tuple[int, int] = (16, 16)
 
   def _rope_tables(self, grid, num_prefix: int, hidden: int, train: bool):
     if self.rope is None:
@@ -675,20 +710,34 @@ class Encoder(nn.Module):
     return jnp.asarray(sin), jnp.asarray(cos)
 
   @nn.compact
-  def __call__(self, x, *, prefix=None, grid: Tuple[int, int], train: bool,
-               take: Optional[Sequence[int]] = None, norm_taken: bool = False):
+  def __call__(self, x, *, prefix=None, grid: Optional[Tuple[int, int]],
+               train: bool, take: Optional[Sequence[int]] = None,
+               norm_taken: bool = False, coord=None, valid=None):
     """``x``: patch tokens (B, N, D); ``prefix``: class / register tokens
-    (B, P, D) or None. Returns (encoded tokens, block outputs): every
-    block's output, or those of the blocks ``take`` lists (0-based, in that
-    order), passed through the final norm with ``norm_taken``."""
+    (B, P, D) or None; ``grid``: the images' patch grid, or with a NaFlex
+    batch None and each patch's ``coord`` (B, N, 2) and ``valid`` (B, N).
+    Returns (encoded tokens, block outputs): every block's output, or those
+    of the blocks ``take`` lists (0-based, in that order), passed through
+    the final norm with ``norm_taken``."""
     num_prefix = 0 if prefix is None else prefix.shape[1]
     # The prefix tokens that get a position row: all, none
     # (no_embed_class), or all but the registers (no_embed_registers).
     covered = 0 if self.no_embed_class else num_prefix - self.no_embed_registers
-    pos = (AddPositionEmbs(grid, covered, self.param_dtype,
-                           dynamic=self.dynamic_img_size,
-                           base_grid=self.base_grid, name="posembed_input")
-           if self.abs_pos_embed else (lambda y: y))
+    mask = None
+    if self.naflex is not None:  # patches only; prefix tokens get none
+      covered = 0
+      naflex_pos = naflex.NaFlexPositionEmbs(
+          tuple(self.naflex_grid), self.naflex, self.naflex_square,
+          self.naflex_align_corners, self.param_dtype, name="posembed_input")
+      pos = lambda y: naflex_pos(y, grid=grid, coord=coord, valid=valid)  # noqa: E731
+      if valid is not None:
+        mask = naflex.key_mask(valid, num_prefix)
+    elif self.abs_pos_embed:
+      pos = AddPositionEmbs(grid, covered, self.param_dtype,
+                            dynamic=self.dynamic_img_size,
+                            base_grid=self.base_grid, name="posembed_input")
+    else:
+      pos = lambda y: y  # noqa: E731
     if prefix is None:
       x = pos(x)
     elif covered == 0:  # DeiT-III, DINOv2-reg: prefix tokens get none
@@ -729,22 +778,30 @@ class Encoder(nn.Module):
         rope_kind=self.rope)
 
     if self.scan_layers:
+      args = (jnp.asarray(rates, jnp.float32),)
+      in_axes = (0,)
+      if rope is not None or mask is not None:  # the same for every layer
+        args += (rope,)
+        in_axes += (nn.broadcast,)
+      if mask is not None:
+        args += (mask,)
+        in_axes += (nn.broadcast,)
       scanned = nn.scan(
           block_cls,
           variable_axes={"params": 0, "intermediates": 0},
           split_rngs={"params": True, "dropout": True},
-          in_axes=(0, nn.broadcast) if rope is not None else 0,
+          in_axes=in_axes if len(in_axes) > 1 else 0,
           length=self.num_layers)
-      args = (jnp.asarray(rates, jnp.float32),)
-      if rope is not None:  # the same tables for every layer
-        args += (rope,)
       x, outs = scanned(name="encoderblock", **kwargs)(x, *args)
       block_outputs = [outs[i] for i in range(self.num_layers)]
     else:
       block_outputs = []
       for i in range(self.num_layers):
-        x, _ = block_cls(name=f"encoderblock_{i}", **kwargs)(
-            x, float(rates[i]), rope)
+        block = block_cls(name=f"encoderblock_{i}", **kwargs)
+        if mask is None:
+          x, _ = block(x, float(rates[i]), rope)
+        else:
+          x, _ = block(x, float(rates[i]), rope, mask)
         block_outputs.append(x)
     if take is not None:
       block_outputs = [block_outputs[i] for i in take]

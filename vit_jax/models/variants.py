@@ -127,7 +127,7 @@ def get_model(name_or_arch: Union[str, Variant, Mapping[str, Any]],
     kwargs["conv_stem"] = tuple(
         c if isinstance(c, ConvStemConfig) else ConvStemConfig(*c)
         for c in kwargs["conv_stem"])
-  for key in ("rope_ref_grid", "image_size"):  # JSON gives lists
+  for key in ("rope_ref_grid", "image_size", "naflex_grid"):  # JSON: lists
     if isinstance(kwargs.get(key), list):
       kwargs[key] = tuple(kwargs[key])
   return VisionTransformer(**kwargs)
@@ -185,6 +185,7 @@ def arch_record(model) -> dict:
   if arch.get("conv_stem"):
     arch["conv_stem"] = [list(dataclasses.astuple(c)) if isinstance(
         c, ConvStemConfig) else list(c) for c in arch["conv_stem"]]
-  if arch.get("rope_ref_grid") is not None:
-    arch["rope_ref_grid"] = list(arch["rope_ref_grid"])
+  for key in ("rope_ref_grid", "naflex_grid"):
+    if arch.get(key) is not None:
+      arch[key] = list(arch[key])
   return arch

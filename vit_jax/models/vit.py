@@ -34,6 +34,14 @@ Dense features of chosen blocks, as timm's ``forward_intermediates``::
                                method=model.forward_intermediates,
                                indices=4, norm=True)   # last 4: (B, h, w, D)
 
+NaFlex (SigLIP 2, timm's ``NaFlexVit``): images of any aspect ratio in one
+padded batch, each with the position grid resized to its own patch grid
+and a padding mask in every attention (see :mod:`vit_jax.models.naflex`)::
+
+    model = models.get_model(arch, naflex="bilinear_aa")
+    logits = model.apply(variables, {"patches": p, "patch_coord": c,
+                                     "patch_valid": v}, train=False)
+
 Any resolution with one set of variables (the position embedding is
 resampled in the forward pass, as timm's ``dynamic_img_size``; under
 ``jax.jit`` each new input shape compiles once)::
@@ -54,7 +62,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from vit_jax.models import rope as rope_lib
+from vit_jax.models import naflex as naflex_lib, rope as rope_lib
 from vit_jax.models.layers import (  # noqa: F401  (re-exported building blocks)
     LN_EPS, NORMS, AddPositionEmbs, Dense, Encoder, Encoder1DBlock, LayerNorm,
     MAPHead, MlpBlock, MultiHeadDotProductAttention, PatchEmbed, RMSNorm,
@@ -190,6 +198,20 @@ class VisionTransformer(nn.Module):
       :mod:`vit_jax.models.rope`. Any input size works.
     rope_shift, rope_jitter, rope_rescale: DINOv3's train-time coordinate
       augmentations (timm's ``rope_*_coords``; from the ``'dropout'`` rng).
+    naflex: NaFlex (SigLIP 2, timm's ``NaFlexVit``): the model also takes
+      the dict of pre-cut patches timm's ``NaFlexVit`` takes (``patches``
+      (B, N, P*P*C) in (y, x, channel) order, ``patch_coord`` (B, N, 2) as
+      (row, column), ``patch_valid`` (B, N)): a batch of images of
+      different shapes padded to one length. The position embedding is a
+      learned ``naflex_grid`` grid (``Transformer/posembed_input/pos_grid``
+      (1, H0, W0, D)) resized to each image's patch grid with this
+      ``F.interpolate`` mode: ``'bilinear_aa'`` (SigLIP 2), ``'bicubic_aa'``
+      (timm's default), ``'bilinear'`` (RADIO, with
+      ``naflex_align_corners``); ``naflex_square``: to the square of the
+      longer side, the top-left part kept (timm's ``pos_embed_ar_
+      preserving``, RADIO). The prefix tokens get no position; padding is
+      masked out of every attention and of the pooling. NHWC images work
+      too (one grid for the batch, no mask). See :mod:`vit_jax.models.naflex`.
 
   ``image_size`` not a multiple of the patch (SigLIP so400m/14 at 384): the
   patch convolution leaves the last pixels out, as timm's and torchvision's
@@ -254,6 +276,10 @@ class VisionTransformer(nn.Module):
   rope_jitter: Optional[float] = None
   rope_rescale: Optional[float] = None
   distilled_training: bool = False
+  naflex: Optional[str] = None
+  naflex_square: bool = False
+  naflex_align_corners: bool = False
+  naflex_grid: Tuple[int, int] = (16, 16)
 
   @property
   def has_class_token(self) -> bool:
@@ -299,6 +325,13 @@ class VisionTransformer(nn.Module):
       raise ValueError("no_embed_registers: the position embedding covers "
                        "the class token but not the registers; it needs "
                        "registers and no_embed_class=False")
+    if self.naflex is not None:
+      naflex_lib.check_kind(self.naflex, self.naflex_square,
+                            self.naflex_align_corners)
+      if self.conv_stem or not self.abs_pos_embed:
+        raise ValueError("naflex: a NaFlex model has a single patchify "
+                         "layer and a learned position grid (no conv_stem, "
+                         "abs_pos_embed=True)")
     if self.conv_stem:
       stride = int(np.prod([c.stride for c in self.conv_stem]))
       if stride != self.patch_size:
@@ -322,7 +355,8 @@ class VisionTransformer(nn.Module):
           f"height, width, {c}), got shape {shape}.{hint}")
     h, w = shape[1], shape[2]
     p = self.patch_size
-    if self.image_size is not None and not self.dynamic_img_size:
+    if (self.image_size is not None and not self.dynamic_img_size and
+        self.naflex is None):
       want = pair(self.image_size)
       if (h, w) != want:
         raise ValueError(
@@ -436,7 +470,10 @@ class VisionTransformer(nn.Module):
         rope_grid_indexing=self.rope_grid_indexing,
         rope_ref_grid=(None if self.rope_ref_grid is None
                        else pair(self.rope_ref_grid)),
-        rope_augment=augment or None)
+        rope_augment=augment or None, naflex=self.naflex,
+        naflex_square=self.naflex_square,
+        naflex_align_corners=self.naflex_align_corners,
+        naflex_grid=pair(self.naflex_grid))
 
   @property
   def base_grid(self) -> Optional[Tuple[int, int]]:
@@ -445,6 +482,51 @@ class VisionTransformer(nn.Module):
       return None
     h, w = pair(self.image_size)
     return h // self.patch_size, w // self.patch_size  # timm's grid_size
+
+  def _prefix(self, n, c, dtype):
+    prefix = []
+    if self.has_class_token:
+      prefix.append(jnp.broadcast_to(self.cls.astype(dtype), (n, 1, c)))
+    if self.distilled:
+      prefix.append(jnp.broadcast_to(self.dist.astype(dtype), (n, 1, c)))
+    if self.num_registers:
+      prefix.append(jnp.broadcast_to(self.registers.astype(dtype),
+                                     (n, self.num_registers, c)))
+    return jnp.concatenate(prefix, axis=1) if prefix else None
+
+  def _embed_naflex(self, inputs):
+    """A NaFlex dict -> (patch tokens (B, N, D), prefix tokens, coord,
+    valid)."""
+    if self.naflex is None:
+      raise ValueError(
+          "This model takes NHWC images: a NaFlex dict (patches, "
+          "patch_coord, patch_valid) needs a NaFlex model, built with "
+          "naflex='bilinear_aa' (SigLIP 2) or loaded from timm's "
+          "naflexvit_* / transformers' Siglip2VisionModel weights.")
+    if self.rope is not None:
+      raise ValueError("NaFlex dict inputs with rotary position embeddings "
+                       "are not supported; pass NHWC images.")
+    patches, coord, valid = naflex_lib.unpack(inputs, self.patch_size,
+                                              self.num_channels)
+    x = self.embedding(patches, patches=True)
+    if self.patch_norm:
+      x = self.embedding_norm(x)
+    self.sow("intermediates", "stem", x)
+    return x, self._prefix(x.shape[0], x.shape[-1], x.dtype), coord, valid
+
+  def _encode(self, inputs, train: bool, **kw):
+    """Inputs -> (encoded tokens, block outputs, patch grid or None, valid
+    mask or None) through :meth:`embed` and the encoder."""
+    if naflex_lib.is_naflex_input(inputs):
+      x, prefix, coord, valid = self._embed_naflex(inputs)
+      encoded, blocks = self.Transformer(x, prefix=prefix, grid=None,
+                                         train=train, coord=coord,
+                                         valid=valid, **kw)
+      return encoded, blocks, None, valid
+    x, prefix, grid = self.embed(inputs, train=train)
+    encoded, blocks = self.Transformer(x, prefix=prefix, grid=grid,
+                                       train=train, **kw)
+    return encoded, blocks, grid, None
 
   def embed(self, images, *, train: bool = False):
     """Images (B, H, W, C) -> (patch tokens (B, N, D), prefix tokens
@@ -466,26 +548,22 @@ class VisionTransformer(nn.Module):
     self.sow("intermediates", "stem", x)
     n, h, w, c = x.shape
     x = jnp.reshape(x, (n, h * w, c))
-    prefix = []
-    if self.has_class_token:
-      prefix.append(jnp.broadcast_to(self.cls.astype(x.dtype), (n, 1, c)))
-    if self.distilled:
-      prefix.append(jnp.broadcast_to(self.dist.astype(x.dtype), (n, 1, c)))
-    if self.num_registers:
-      prefix.append(jnp.broadcast_to(self.registers.astype(x.dtype),
-                                     (n, self.num_registers, c)))
-    prefix = jnp.concatenate(prefix, axis=1) if prefix else None
-    return x, prefix, (h, w)
+    return x, self._prefix(n, c, x.dtype), (h, w)
 
   def forward_features(self, images, *, train: bool = False):
     """Images -> all tokens (B, prefix + N, D): class token, registers, then
-    patches, after the final LayerNorm (timm's ``forward_features``)."""
-    x, prefix, grid = self.embed(images, train=train)
-    encoded, blocks = self.Transformer(x, prefix=prefix, grid=grid,
-                                       train=train)
+    patches, after the final LayerNorm (timm's ``forward_features``).
+
+    A NaFlex dict -> ``{'patches': (B, prefix + N, D), 'patch_valid':
+    (B, N)}`` as timm's: every token, the padding's included (whatever the
+    padding computes; it never changes the valid tokens), and the mask.
+    :meth:`forward_head` takes either."""
+    encoded, blocks, _, valid = self._encode(images, train)
     for i, y in enumerate(blocks):
       self.sow("intermediates", f"block{i:02d}", y)
     self.sow("intermediates", "encoded", encoded)
+    if valid is not None:
+      return {"patches": encoded, "patch_valid": valid}
     return encoded
 
   def forward_intermediates(
@@ -514,15 +592,25 @@ class VisionTransformer(nn.Module):
       ``(final features, intermediates)``: the final features are
       :meth:`forward_features`'s (B, prefix + N, D) tokens; or the list of
       intermediates only. Works with ``scan_layers=True`` and with
-      ``dynamic_img_size`` (the grid is the input's).
+      ``dynamic_img_size`` (the grid is the input's). A NaFlex dict (whose
+      images have grids of their own: ``output_fmt='NLC'`` only, as timm)
+      gives :meth:`forward_features`' dict (the padded tokens and
+      ``patch_valid``, which also marks the intermediates' padding).
     """
     if output_fmt not in ("NHWC", "NLC", "NCHW"):
       raise ValueError(f"output_fmt={output_fmt!r}: expected 'NHWC', 'NLC' "
                        f"or 'NCHW'")
+    if naflex_lib.is_naflex_input(images) and output_fmt != "NLC":
+      raise ValueError(
+          f"output_fmt={output_fmt!r}: a NaFlex batch's images have patch "
+          f"grids of their own, so there is no one spatial layout; use "
+          f"output_fmt='NLC' (patch_valid marks the padding; patch_coord "
+          f"places each token).")
     take = feature_take_indices(self.num_layers, indices)
-    x, prefix, grid = self.embed(images, train=train)
-    encoded, blocks = self.Transformer(x, prefix=prefix, grid=grid,
-                                       train=train, take=take, norm_taken=norm)
+    encoded, blocks, grid, valid = self._encode(images, train, take=take,
+                                                norm_taken=norm)
+    if valid is not None:
+      encoded = {"patches": encoded, "patch_valid": valid}
     p = self.num_prefix_tokens
     out: List[Any] = []
     for y in blocks:
@@ -536,15 +624,22 @@ class VisionTransformer(nn.Module):
       return out
     return encoded, out
 
-  def pool(self, encoded):
-    """Tokens (B, T, D) -> (B, D) by the ``classifier`` (then ``fc_norm``)."""
+  def pool(self, encoded, valid=None):
+    """Tokens (B, T, D) -> (B, D) by the ``classifier`` (then ``fc_norm``).
+    ``valid`` (B, N): a NaFlex batch's patch mask, whose padding the mean
+    and the MAP head leave out (the prefix tokens are valid)."""
     p = 0 if self.pool_include_prefix else self.num_prefix_tokens
+    if valid is not None and self.pool_include_prefix:
+      valid = naflex_lib.key_mask(valid, self.num_prefix_tokens)
     if self.classifier == "token":
       x = encoded[:, 0]
     elif self.classifier == "gap":
-      x = jnp.mean(encoded[:, p:], axis=1)
+      x = (jnp.mean(encoded[:, p:], axis=1) if valid is None else
+           naflex_lib.masked_mean(encoded[:, p:], valid))
     elif self.classifier == "map":
-      x = self.MAPHead_0(encoded[:, p:] if p else encoded)
+      tokens = encoded[:, p:] if p else encoded
+      x = (self.MAPHead_0(tokens) if valid is None else
+           self.MAPHead_0(tokens, valid))
     else:
       return encoded
     if self.fc_norm:
@@ -555,12 +650,17 @@ class VisionTransformer(nn.Module):
                    train: bool = False):
     """Encoded tokens -> pooled -> (pre_logits) -> logits. A distilled
     model (DeiT) averages its two heads, or returns both ``(logits,
-    dist_logits)`` in training with ``distilled_training``, as timm."""
+    dist_logits)`` in training with ``distilled_training``, as timm.
+    ``encoded`` may be :meth:`forward_features`' NaFlex dict (its padding
+    is left out of the pooling)."""
+    valid = None
+    if naflex_lib.is_naflex_input(encoded):
+      encoded, valid = encoded["patches"], encoded["patch_valid"]
     if self.classifier == "unpooled":
       return encoded
     if self.distilled:
       return self._distilled_head(encoded, pre_logits, train)
-    x = self.pool(encoded)
+    x = self.pool(encoded, valid)
     if self.representation_size:
       p = self.pre_logits_params
       x, kernel, bias = nn.dtypes.promote_dtype(x, p["kernel"], p["bias"],
@@ -587,6 +687,8 @@ class VisionTransformer(nn.Module):
     return logits
 
   def __call__(self, images, *, train: bool = False):
+    """NHWC images (B, H, W, C), or (a NaFlex model) timm's NaFlex dict ->
+    logits (or the pooled features without a head)."""
     return self.forward_head(self.forward_features(images, train=train),
                              train=train)
 

@@ -33,10 +33,13 @@ def _width(layout: mapping.Layout, sd: Mapping[str, np.ndarray]) -> int:
   for row in layout.flat_rows():
     if row.ours == ("params/embedding/kernel",):
       w = sd.get(row.theirs)
-      if w is not None and np.ndim(w) == 4:
-        return int(row.op.to_ours(np.asarray(w), 1)[0].shape[-1])
-  raise ValueError(f"Not a {layout.name} ViT state dict: no 4-D "
-                   f"patch-embedding weight; first keys: {list(sd)[:6]}.")
+      # A conv's (D, C, P, P), or a Linear over pre-cut patches (D, P*P*C).
+      if w is not None and np.ndim(w) == (2 if row.op.name == "linear_patch"
+                                          else 4):
+        return int(np.shape(w)[0])
+  raise ValueError(f"Not a {layout.name} ViT state dict: no "
+                   f"patch-embedding weight of the layout's shape; first "
+                   f"keys: {list(sd)[:6]}.")
 
 
 def _refuse_unknown(layout: mapping.Layout, sd, unmatched) -> None:
@@ -285,8 +288,9 @@ def from_state_dict(state_dict, name: Optional[str] = None, *,
         f"architecture (e.g. a ResNet)?")
   if layout == "timm":  # VisionTransformer's names or Eva's
     layout = layouts.timm_layout(mapping.canonical(layouts.TIMM, sd))
+  sd = mapping.canonical(layouts.LAYOUTS[layout], sd)
+  layout = layouts.refine(layout, sd)
   table = layouts.LAYOUTS[layout]
-  sd = mapping.canonical(table, sd)
   hints: Dict[str, Any] = {}
   parsed = None
   if layout.startswith("timm") and name is not None:
@@ -306,6 +310,13 @@ def from_state_dict(state_dict, name: Optional[str] = None, *,
         f"(DINOv3, EVA-02, Perception Encoder), and these weights are an Eva "
         f"model's (LayerScale gamma_1, q_bias / v_bias or separate q_proj), "
         f"whose rotary position embedding the name must give.")
+  if layout == "timm_naflex" and not hints.get("naflex"):
+    if name is None:
+      raise ValueError(layouts.NAFLEX_NEEDS_A_NAME)
+    raise ValueError(
+        f"{name!r} is not a timm NaFlexVit name (naflexvit_*), and these "
+        f"weights are a NaFlexVit's (embeds.*): "
+        + layouts.NAFLEX_NEEDS_A_NAME.split(". ", 1)[1])
   heads = _heads(name, overrides.get("num_heads"), hints,
                  _width(table, sd))
   flat, _ = mapping.to_ours(table, sd, {

@@ -17,12 +17,14 @@ from typing import Any, Dict, Mapping, Optional
 import numpy as np
 
 from vit_jax.weights.mapping import (
-    DENSE, HEADS, HEADS_BIAS, RAW, Layout, Repeat, Row, const, conv, dense,
-    expand, fused_qkv, norm, out_proj, part, split_qkv, zeros)
+    DENSE, GRID_ROWS, HEADS, HEADS_BIAS, LINEAR_PATCH, RAW, Layout, Repeat,
+    Row, const, conv, dense, expand, fused_qkv, norm, out_proj, part,
+    split_qkv, zeros)
 
 E = "params/Transformer/encoderblock_{i}/"  # our block
 ATTN = E + "MultiHeadDotProductAttention_0"
 POS = "params/Transformer/posembed_input/pos_embedding"
+POS_GRID = "params/Transformer/posembed_input/pos_grid"  # NaFlex
 MAP = "params/MAPHead_0/"
 
 
@@ -196,6 +198,28 @@ TIMM = Layout("timm", rows=(
     (".attn.gate.", "gated attention"),
 ))
 
+# timm's NaFlexVit (SigLIP 2 NaFlex, C-RADIO's naflexvit_*, timm's own
+# NaFlex ViTs): VisionTransformer's blocks and heads; the embedding module
+# ``embeds`` holds the tokens, a Linear over pre-cut (y, x, channel)
+# patches (our conv kernel, flattened) and the position grid (1, H, W, D).
+_TIMM_EMBEDDING_KEYS = ("cls_token", "reg_token", "pos_embed", "dist_token",
+                        "patch_embed.")
+TIMM_NAFLEX = Layout("timm_naflex", rows=(
+    Row("embeds.cls_token", ("params/cls",)),
+    Row("embeds.reg_token", ("params/registers",)),
+    Row("embeds.pos_embed", (POS_GRID,)),
+    *dense("embeds.proj.", "params/embedding", op=LINEAR_PATCH),
+    *norm("embeds.norm.", "params/embedding_norm"),
+    *(r for r in TIMM.rows
+      if isinstance(r, Repeat) or not r.theirs.startswith(
+          _TIMM_EMBEDDING_KEYS)),
+), aliases=((r"^module\.", ""),), unsupported=(
+    *TIMM.unsupported,
+    ("embeds.pos_embed_y", "a factorized position embedding (timm's "
+     "naflexvit_*_parfac_*)"),
+    ("embeds.norm_input", "a norm of the input patches"),
+))
+
 # timm's Eva: DINOv3, EVA-02, Perception Encoder (and timm's RoPE ViTs).
 # LayerScale is gamma_1 / gamma_2; the query and value biases are q_bias /
 # v_bias beside a fused qkv weight (the key has none), or the projections
@@ -241,18 +265,25 @@ TIMM_EVA = Layout("timm_eva", rows=(
 
 
 def timm_layout(keys) -> str:
-  """``'timm_eva'`` for keys only timm's Eva has (LayerScale ``gamma_1``,
-  ``q_bias`` / ``v_bias``, separate ``q_proj``), else ``'timm'``."""
+  """``'timm_naflex'`` for NaFlexVit's ``embeds.*``; ``'timm_eva'`` for
+  keys only timm's Eva has (LayerScale ``gamma_1``, ``q_bias`` /
+  ``v_bias``, separate ``q_proj``); else ``'timm'``."""
+  keys = list(keys)
+  if any(k.startswith("embeds.") for k in keys):
+    return "timm_naflex"
   eva = re.compile(r"^blocks\.\d+\.(gamma_1|attn\.q_bias|attn\.q_proj\.)")
   return "timm_eva" if any(eva.match(k) for k in keys) else "timm"
 
 
 def timm_layout_of(flat) -> str:
-  """The timm class a tree of ours loads into: ``'timm_eva'`` where only
-  Eva can hold it (no learned position embedding: DINOv3; a query bias
-  without a key bias; LayerScale with a norm before the blocks: PE), else
-  ``'timm'`` (VisionTransformer)."""
+  """The timm class a tree of ours loads into: ``'timm_naflex'`` for a
+  NaFlex position grid (NaFlexVit); ``'timm_eva'`` where only Eva can hold
+  it (no learned position embedding: DINOv3; a query bias without a key
+  bias; LayerScale with a norm before the blocks: PE), else ``'timm'``
+  (VisionTransformer)."""
   keys = list(flat)
+  if POS_GRID in keys:
+    return "timm_naflex"
   if not any("posembed_input" in k for k in keys):
     return "timm_eva"
   if (any(k.endswith("MultiHeadDotProductAttention_0/query/bias")
@@ -470,10 +501,21 @@ TRANSFORMERS_SIGLIP = Layout("transformers_siglip", rows=(
     *dense("head.mlp.fc2.", MAP + "MlpBlock_0/Dense_1"),
 ), aliases=_TOWER_ALIASES, ignored=_OTHER_TOWER)
 
+# transformers' SigLIP 2 image tower (Siglip2VisionModel, or a Siglip2Model's
+# vision half): SigLIP's, but a Linear over pre-cut patches and a square
+# position table resized to each image (our NaFlex model).
+TRANSFORMERS_SIGLIP2 = Layout("transformers_siglip2", rows=(
+    *dense("embeddings.patch_embedding.", "params/embedding",
+           op=LINEAR_PATCH),
+    Row("embeddings.position_embedding.weight", (POS_GRID,), GRID_ROWS),
+    *TRANSFORMERS_SIGLIP.rows[3:],
+), aliases=_TOWER_ALIASES, ignored=_OTHER_TOWER)
+
 LAYOUTS = {layout.name: layout for layout in (
-    TORCHVISION, TIMM, TIMM_EVA, TRANSFORMERS_VIT, TRANSFORMERS_DINOV2,
-    TRANSFORMERS_DINOV2_REG, TRANSFORMERS_DINOV3, TRANSFORMERS_CLIP,
-    TRANSFORMERS_SIGLIP, TRANSFORMERS_AIMV2)}
+    TORCHVISION, TIMM, TIMM_EVA, TIMM_NAFLEX, TRANSFORMERS_VIT,
+    TRANSFORMERS_DINOV2, TRANSFORMERS_DINOV2_REG, TRANSFORMERS_DINOV3,
+    TRANSFORMERS_CLIP, TRANSFORMERS_SIGLIP, TRANSFORMERS_SIGLIP2,
+    TRANSFORMERS_AIMV2)}
 # transformers' model_type -> the layout of its weights.
 HF_MODEL_TYPES = {"vit": "transformers", "dinov2": "transformers_dinov2",
                   "dinov2_with_registers": "transformers_dinov2_reg",
@@ -482,6 +524,8 @@ HF_MODEL_TYPES = {"vit": "transformers", "dinov2": "transformers_dinov2",
                   "clip_vision_model": "transformers_clip",
                   "siglip": "transformers_siglip",
                   "siglip_vision_model": "transformers_siglip",
+                  "siglip2": "transformers_siglip2",
+                  "siglip2_vision_model": "transformers_siglip2",
                   "aimv2": "transformers_aimv2",
                   "aimv2_vision_model": "transformers_aimv2"}
 
@@ -490,7 +534,10 @@ def transformers_layout_of(arch: Mapping[str, Any]) -> str:
   """The transformers model a tree of ours (its :func:`~vit_jax.weights.
   trees.arch_of`) exports to: SigLIP for a MAP head, CLIP for a norm before
   the blocks, AIMv2 for RMSNorm, DINOv3 for RoPE (no position embedding),
-  DINOv2 with registers / DINOv2 for LayerScale, else ViT."""
+  DINOv2 with registers / DINOv2 for LayerScale, else ViT; SigLIP 2's
+  NaFlex tower for a NaFlex model."""
+  if arch.get("naflex"):
+    return "transformers_siglip2"
   if arch.get("classifier") == "map":
     return "transformers_siglip"
   if arch.get("pre_norm"):
@@ -530,6 +577,16 @@ _SIGNATURES = (
     (r"^embeddings\.patch_embeddings\.projection\.weight$", "transformers"),
     (r"^(patch_embed\.proj\.weight$|blocks\.)", "timm"),
 )
+
+
+def refine(layout: str, state_dict) -> str:
+  """What the keys leave open, from a tensor's shape: transformers' SigLIP
+  and SigLIP 2 towers have the same names; SigLIP 2's patch embedding is a
+  Linear (2-D), SigLIP's a conv (4-D)."""
+  w = state_dict.get("embeddings.patch_embedding.weight")
+  if layout == "transformers_siglip" and w is not None and np.ndim(w) == 2:
+    return "transformers_siglip2"
+  return layout
 
 
 def detect(keys) -> Optional[str]:
@@ -578,13 +635,14 @@ TIMM_SIZES = {
     "1b": (2048, 24), "3b": (3072, 24),
 }
 _TIMM_NAME = re.compile(
-    r"^(?P<family>vit_pe_(?:core|lang|spatial)|vit|deit3|deit|eva02|aimv2)_"
+    r"^(?P<family>vit_pe_(?:core|lang|spatial)|vit|naflexvit|deit3|deit|"
+    r"eva02|aimv2)_"
     r"(?P<size>[a-z0-9]+?(?:_plus)?)(?P<distilled>_distilled)?"
     r"_patch(?P<patch>\d+)(?P<rest>_[a-z0-9_]*)?$")
 # Widths of a family's size where it is not timm's usual one.
 _FAMILY_WIDTHS = (
     (r"^vit_giant_patch14_(reg\d+_)?(dinov2|tipsv2)", 1536),
-    (r"^vit_giant_patch16_radio", 1536),
+    (r"^(naflex)?vit_giant_patch16_radio", 1536),
     (r"^vit_pe_\w+_gigantic", 1536),
     (r"^aimv2_huge", 1536),
 )
@@ -629,7 +687,19 @@ TIMM_FAMILIES = (
     # RADIO: the class token and the other teachers' tokens (timm's
     # registers) have no position rows.
     (r"_radio_v\d", dict(no_embed_class=True)),
-    (r"^vit_giant_patch16_radio", dict(num_heads=24)),
+    (r"^(naflex)?vit_giant_patch16_radio", dict(num_heads=24)),
+    # timm's NaFlexVit: the position grid resized to each image's patch
+    # grid, as its NaFlexEmbeds (default: bicubic, antialiased); SigLIP 2
+    # bilinear, antialiased, GELU-tanh; C-RADIO bilinear without
+    # antialiasing to the square of the longer side, cropped (align_corners
+    # as the checkpoint's own code: True for v3-B and v3-H); the '_par_'
+    # models aspect-preserving too.
+    (r"^naflexvit_", dict(naflex="bicubic_aa")),
+    (r"^naflexvit_.*_par_", dict(naflex_square=True)),
+    (r"^naflexvit_.*_siglip", dict(naflex="bilinear_aa", act="gelu_tanh")),
+    (r"^naflexvit_.*_radio_v\d", dict(naflex="bilinear", naflex_square=True)),
+    (r"^naflexvit_(base|huge)_patch16_radio_v3",
+     dict(naflex_align_corners=True)),
 )
 # Names whose RoPE reference grid is their own native patch grid.
 _REF_IS_NATIVE = r"^vit_pe_"
@@ -708,7 +778,8 @@ TIMM_UNSUPPORTED = (
     (r"_lingbot$", "LingBot-Vision"),
     (r"^eva02_enormous", "EVA-02-E's post-norm blocks (use_post_norm)"),
     (r"^eva_giant", "EVA-01 (timm's eva_giant_*)"),
-    (r"^naflexvit_", "NaFlex ViTs (timm's NaFlexVit, a separate issue)"),
+    (r"^naflexvit_.*_parfac_", "a factorized NaFlex position embedding "
+                               "(timm's pos_embed='factorized')"),
 )
 
 
@@ -721,8 +792,16 @@ def refuse_unsupported_timm(name: str) -> None:
           f"{name}: {what} is not supported by vit_jax. Supported timm "
           f"families: ViT / AugReg, DeiT (incl. distilled), DeiT-III, "
           f"DINOv2 (incl. giant), DINOv3, EVA-02 (T/S/B/L, CLIP B/L), "
-          f"Perception Encoder, AIMv2, CLIP, SigLIP / SigLIP 2, C-RADIO.")
+          f"Perception Encoder, AIMv2, CLIP, SigLIP / SigLIP 2 (incl. "
+          f"NaFlex), C-RADIO (incl. NaFlex), timm's NaFlexVit.")
 
+
+NAFLEX_NEEDS_A_NAME = (
+    "These are the weights of a timm NaFlexVit (embeds.*), whose resize of "
+    "the position grid to each image (bilinear for SigLIP 2, bicubic for "
+    "timm's own, RADIO's square crop) the weights do not store. Pass the "
+    "timm name, e.g. 'naflexvit_base_patch16_siglip' or "
+    "'naflexvit_base_patch16_radio_v3' (in the CLIs: --model).")
 
 # Families whose RoPE variant and grid the keys cannot show: loading their
 # weights without the name would silently drop the rotary embedding.
@@ -783,6 +862,7 @@ _HF_DEFAULTS = {"transformers": ("gelu", 1e-12),
                 "transformers_dinov3": ("gelu", 1e-5),
                 "transformers_clip": ("quick_gelu", 1e-5),
                 "transformers_siglip": ("gelu_pytorch_tanh", 1e-6),
+                "transformers_siglip2": ("gelu_pytorch_tanh", 1e-6),
                 "transformers_aimv2": ("silu", 1e-5)}
 
 
@@ -821,6 +901,8 @@ def transformers_hints(config: Mapping[str, Any], layout: str) -> Dict[str, Any]
         out[field] = float(value)
   if layout == "transformers_dinov2_reg":
     out["no_embed_registers"] = True
+  if layout == "transformers_siglip2":  # its resize of the position table
+    out["naflex"] = "bilinear_aa"
   if layout == "transformers_aimv2":
     if config.get("is_native"):
       raise ValueError("config.json is_native=True: AIMv2's native-resolution "

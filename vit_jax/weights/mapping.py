@@ -72,6 +72,48 @@ OUT = Op("out", lambda x, h: [x.T.reshape(h, -1, x.shape[0])],
          lambda s: (s[0][2], s[0][0] * s[0][1]))
 
 
+def _patch_side(k: int) -> Tuple[int, int]:
+  """(patch side, channels) of a flattened (P, P, C) patch of ``k`` values:
+  3 channels (RGB) where ``k / 3`` is a square, else 1."""
+  for c in (3, 1):
+    if k % c == 0:
+      p = int(round(np.sqrt(k // c)))
+      if p * p * c == k:
+        return p, c
+  raise ValueError(f"{k} inputs are not a square patch of 3 (or 1) "
+                   f"channels")
+
+
+def _linear_patch_to_ours(x, h):
+  del h
+  p, c = _patch_side(x.shape[1])
+  return [x.T.reshape(p, p, c, x.shape[0])]
+
+
+# torch Linear (D, P*P*C) on pre-cut (y, x, channel) patches (timm's
+# NaFlexVit ``embeds.proj``, transformers' Siglip2 ``patch_embedding``) <->
+# our patch-embedding kernel (P, P, C, D): the same numbers as a conv.
+LINEAR_PATCH = Op(
+    "linear_patch", _linear_patch_to_ours,
+    lambda o: o[0].reshape(-1, o[0].shape[-1]).T,
+    lambda s: (s[0][3], s[0][0] * s[0][1] * s[0][2]))
+
+
+def _rows_to_grid(x, h):
+  del h
+  side = int(round(np.sqrt(x.shape[0])))
+  if side * side != x.shape[0]:
+    raise ValueError(f"{x.shape[0]} position rows are not a square grid")
+  return [x.reshape(1, side, side, x.shape[1])]
+
+
+# Position rows (H*W, D) of a square grid (transformers' Siglip2
+# ``position_embedding.weight``) <-> our NaFlex ``pos_grid`` (1, H, W, D).
+GRID_ROWS = Op("grid_rows", _rows_to_grid,
+               lambda o: o[0].reshape(-1, o[0].shape[-1]),
+               lambda s: (s[0][1] * s[0][2], s[0][3]))
+
+
 def fused(op: Op, n: int) -> Op:
   """``n`` of ours concatenated along their first axis (timm's ``qkv``,
   torchvision's ``in_proj_weight``, the MAP head's ``kv``)."""

@@ -99,11 +99,13 @@ def resize_posemb(variables, image_size, patch_size: Optional[int] = None,
   0 for a ``no_embed_class`` model). ``method`` and ``old_grid``: as
   :func:`resample_posemb`. ``remainder_ok``: a size that is not a multiple
   of the patch gets the grid of its whole patches (timm's convolution leaves
-  the remainder out). A tree without a position embedding (DINOv3) comes
-  back as it is."""
+  the remainder out). A tree without a position embedding (DINOv3), or with
+  a NaFlex grid (resized to every input in the forward pass), comes back as
+  it is."""
   params = trees.params_of(variables)
-  if "posembed_input" not in params.get("Transformer", {}):
-    return variables
+  if "pos_embedding" not in params.get("Transformer", {}).get(
+      "posembed_input", {}):
+    return variables  # none (DINOv3), or a NaFlex grid: resized per image
   if patch_size is None:
     patch_size = int(np.shape(params["embedding"]["kernel"])[0])
   h, w = models.pair(image_size)

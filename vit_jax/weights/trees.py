@@ -228,6 +228,12 @@ def arch_of(variables, *, conv_stem=None, patch_size=None,
   arch["no_embed_class"] = False
   if not arch["abs_pos_embed"]:
     return arch
+  if "pos_grid" in tr["posembed_input"]:  # NaFlex: a grid resized per image
+    shape = np.shape(tr["posembed_input"]["pos_grid"])
+    # SigLIP 2's resize unless the name says otherwise (the weights do not).
+    arch.update(naflex="bilinear_aa",
+                naflex_grid=(int(shape[1]), int(shape[2])))
+    return arch
   rows = int(np.shape(tr["posembed_input"]["pos_embedding"])[1])
   prefix = int("cls" in p) + int(arch["distilled"]) + arch["num_registers"]
   grid = None
@@ -253,8 +259,8 @@ def native_image_size(variables, model) -> Optional[int]:
   """The square input size the position embedding was made for (None when
   its patch rows do not form a square, or there is none)."""
   p = params_of(variables)
-  if "posembed_input" not in p["Transformer"]:
-    return None
+  if "pos_embedding" not in p["Transformer"].get("posembed_input", {}):
+    return None  # none, or a NaFlex grid (any size)
   rows = int(np.shape(p["Transformer"]["posembed_input"]["pos_embedding"])[1])
   patches = rows - pos_prefix_rows(model)
   side = int(round(np.sqrt(max(patches, 0))))
@@ -322,6 +328,10 @@ def describe(arch: Mapping[str, Any], name: Optional[str] = None,
       parts.append(f"{arch[key]} {what}")
   if arch.get("rope"):
     parts.append(f"RoPE {arch['rope']!r}")
+  if arch.get("naflex"):
+    grid = arch.get("naflex_grid") or (16, 16)
+    parts.append(f"NaFlex ({arch['naflex']} from a {grid[0]}x{grid[1]} "
+                 f"grid{', square' if arch.get('naflex_square') else ''})")
   if arch.get("gated_mlp"):
     parts.append(f"gated MLP ({arch['gated_mlp']})")
   if arch.get("norm_type", "layer") != "layer":
