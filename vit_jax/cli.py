@@ -117,19 +117,27 @@ def make_probabilities_fn(model) -> Callable:
   return fn
 
 
-def run_batches(fn, variables, images: np.ndarray, batch_size: int) -> np.ndarray:
-  """Applies ``fn`` to ``images`` (N, H, W, 3) in batches of one fixed
-  shape (the last one padded), so it compiles once."""
-  n = len(images)
+def run_batches(fn, variables, images, batch_size: int) -> np.ndarray:
+  """Applies ``fn`` to ``images`` (N, H, W, 3), or a dict of (N, ...) arrays
+  (a NaFlex batch), in batches of one fixed shape (the last one padded
+  with zeros: a NaFlex row of padding only), so it compiles once."""
+  leaves = list(images.values()) if isinstance(images, dict) else [images]
+  n = len(leaves[0])
   if n == 0:
     return np.zeros((0,), np.float32)
   b = max(1, min(int(batch_size), n))
+
+  def take(x, start):
+    chunk = x[start:start + b]
+    if len(chunk) < b:
+      chunk = np.concatenate([chunk, np.zeros((b - len(chunk),) +
+                                              chunk.shape[1:], chunk.dtype)])
+    return chunk
+
   outs = []
   for start in range(0, n, b):
-    chunk = images[start:start + b]
-    k = len(chunk)
-    if k < b:
-      chunk = np.concatenate([chunk, np.zeros((b - k,) + chunk.shape[1:],
-                                              chunk.dtype)])
+    k = min(b, n - start)
+    chunk = ({key: take(v, start) for key, v in images.items()}
+             if isinstance(images, dict) else take(images, start))
     outs.append(np.asarray(fn(variables, chunk))[:k])
   return np.concatenate(outs)

@@ -8,7 +8,9 @@ r"""Top-k predictions for image files.
 workdir, a torchvision/timm ``.pth``, a Google ``.npz``, a ``.safetensors``
 file); it can be repeated. Images are decoded (JPEG, PNG, ...), prepared the
 way the weights expect, run in batches, and the top-k labels are printed with
-their probabilities. A missing or unreadable image, or a checkpoint that
+their probabilities. A NaFlex model (SigLIP 2 NaFlex, timm's ``naflexvit_*``)
+takes every image at its own aspect ratio: resized to the weights' token
+budget and padded to one sequence length (:mod:`vit_jax.data.naflex`). A missing or unreadable image, or a checkpoint that
 cannot be used, is reported on stderr with the reason, and the remaining
 files are still processed; the exit status is 1 if anything failed.
 
@@ -106,8 +108,8 @@ def predict(checkpoint: Union[str, weights.Loaded],
       results[i].error = f"{name}: {e}"
   if arrays:
     fn = cli.make_probabilities_fn(loaded.model)
-    probs = cli.run_batches(fn, loaded.variables, np.stack(arrays),
-                                  batch_size)
+    probs = cli.run_batches(fn, loaded.variables, loaded.batch(arrays),
+                            batch_size)
     k = min(top_k, probs.shape[-1])
     for i, p in zip(where, probs):
       best = np.argsort(-p, kind="stable")[:k]

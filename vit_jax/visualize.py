@@ -206,6 +206,12 @@ def visualize(loaded: weights.Loaded, image_paths: Sequence[str],
   to it and the other images are still drawn."""
   import jax  # pylint: disable=import-outside-toplevel
 
+  if loaded.naflex:
+    raise weights.CheckpointError(
+        f"{loaded.description}: visualize draws fixed-size models' attention "
+        f"grids; a NaFlex model's images each have a grid of their own. Its "
+        f"features: python -m vit_jax.features; its predictions: python -m "
+        f"vit_jax.predict.")
   os.makedirs(out_dir, exist_ok=True)
   model = loaded.model
   layer = cli.resolve_layer(layer, model.num_layers)

@@ -34,6 +34,11 @@ class Preprocessing:
   ``'squash'`` resizes both sides to ``resize_size`` (Hugging Face's
   ``ViTImageProcessor``, timm's ``crop_mode='squash'``). Then the center
   ``crop_size`` square is cut out. ``interpolation`` is PIL's filter name.
+
+  ``max_seq_len`` (NaFlex models: SigLIP 2, timm's NaFlexVit): no crop;
+  each image is resized to the largest size that keeps its aspect ratio
+  and has at most that many patches, and cut into patches
+  (:mod:`vit_jax.data.naflex`); ``crop_size`` / ``resize_size`` are unused.
   """
 
   crop_size: int = 224
@@ -42,17 +47,23 @@ class Preprocessing:
   mean: Tuple[float, float, float] = IMAGENET_MEAN
   std: Tuple[float, float, float] = IMAGENET_STD
   crop_mode: str = "center"
+  max_seq_len: Optional[int] = None
 
   def resized(self, crop: int) -> "Preprocessing":
     """The same recipe for another crop size (the resize keeps its ratio)."""
     crop = int(crop)
-    if crop == self.crop_size:
+    if crop == self.crop_size or self.max_seq_len:
       return self
     ratio = self.resize_size / self.crop_size
     return dataclasses.replace(self, crop_size=crop,
                                resize_size=int(round(crop * ratio)))
 
   def summary(self) -> str:
+    if self.max_seq_len:
+      return (f"NaFlex: resize to at most {self.max_seq_len} patches keeping "
+              f"the aspect ratio ({self.interpolation}), "
+              f"mean {tuple(round(m, 4) for m in self.mean)}, "
+              f"std {tuple(round(s, 4) for s in self.std)}")
     how = "squash" if self.crop_mode == "squash" else "short side"
     return (f"resize {self.resize_size} ({how}, {self.interpolation}), "
             f"center crop {self.crop_size}, "
@@ -97,11 +108,13 @@ def from_timm_cfg(cfg: Mapping[str, Any]) -> Preprocessing:
   if mode not in CROP_MODES:
     raise ValueError(f"timm crop_mode {mode!r} is not supported; expected one "
                      f"of {CROP_MODES}")
+  seq = cfg.get("max_seq_len")  # ours, for timm's NaFlex models
   return Preprocessing(
       crop_size=crop, resize_size=int(np.floor(crop / pct)),
       interpolation=str(cfg.get("interpolation") or "bicubic"),
       mean=tuple(cfg.get("mean") or IMAGENET_MEAN),
-      std=tuple(cfg.get("std") or IMAGENET_STD), crop_mode=mode)
+      std=tuple(cfg.get("std") or IMAGENET_STD), crop_mode=mode,
+      max_seq_len=int(seq) if seq else None)
 
 
 _HF_RESAMPLE = {0: "nearest", 1: "lanczos", 2: "bilinear", 3: "bicubic",
@@ -122,6 +135,9 @@ def from_hf_processor(cfg: Mapping[str, Any],
   interp = _HF_RESAMPLE.get(int(cfg.get("resample", 2)), "bilinear")
   mean = tuple(cfg.get("image_mean") or HALF)
   std = tuple(cfg.get("image_std") or HALF)
+  if cfg.get("max_num_patches"):  # Siglip2ImageProcessor: NaFlex
+    return Preprocessing(default_size, default_size, interp, mean, std,
+                         "squash", max_seq_len=int(cfg["max_num_patches"]))
   if "shortest_edge" in size:
     resize = int(size["shortest_edge"])
     c = int(crop.get("height", resize)) if cfg.get("do_center_crop", True) else resize
@@ -134,6 +150,17 @@ def from_hf_processor(cfg: Mapping[str, Any],
 _PIL_FILTERS = {"bilinear": "BILINEAR", "bicubic": "BICUBIC",
                 "nearest": "NEAREST", "lanczos": "LANCZOS", "box": "BOX",
                 "hamming": "HAMMING"}
+
+
+def pil_filter(interpolation: str):
+  """PIL's resampling filter for a name (``'bicubic'``, ``'bilinear'``...)."""
+  from PIL import Image  # pylint: disable=import-outside-toplevel
+
+  interp = str(interpolation).lower()
+  if interp not in _PIL_FILTERS:
+    raise ValueError(f"interpolation {interpolation!r}: expected one of "
+                     f"{sorted(_PIL_FILTERS)}")
+  return getattr(Image.Resampling, _PIL_FILTERS[interp])
 
 
 def check_image(image, what: str = "preprocess") -> np.ndarray:
@@ -187,10 +214,10 @@ def preprocess_pil(image: np.ndarray, pre: Preprocessing) -> np.ndarray:
   images); returns float32 (S, S, 3)."""
   from PIL import Image  # pylint: disable=import-outside-toplevel
 
-  interp = str(pre.interpolation).lower()
-  if interp not in _PIL_FILTERS:
-    raise ValueError(f"interpolation {pre.interpolation!r}: expected one of "
-                     f"{sorted(_PIL_FILTERS)}")
+  resample = pil_filter(pre.interpolation)
+  if pre.max_seq_len:
+    raise ValueError("preprocess_pil: this is a NaFlex recipe (max_seq_len "
+                     "patches, no crop): use vit_jax.data.naflex.preprocess")
   im = Image.fromarray(check_image(image))
   w, h = im.size
   size = max(int(pre.resize_size), int(pre.crop_size))
@@ -201,7 +228,7 @@ def preprocess_pil(image: np.ndarray, pre: Preprocessing) -> np.ndarray:
   else:
     new = (int(size * w / h), size)
   if new != (w, h):
-    im = im.resize(new, getattr(Image.Resampling, _PIL_FILTERS[interp]))
+    im = im.resize(new, resample)
   w, h = im.size
   c = int(pre.crop_size)
   top, left = int(round((h - c) / 2.0)), int(round((w - c) / 2.0))

@@ -335,7 +335,7 @@ def _attention_fwd(qh, kh, vh, scale, bias=None):
           (split(q), split(k), split(v)))
     else:
       o, m, inv_l = lax.map(
-          lambda a: _attention_block_fwd(*a, scale)[:3],
+          lambda a: _attention_block_fwd(a[0], a[1], a[2], scale, a[3])[:3],
           (split(q), split(k), split(v), split(fb)))
     e = None
   o = o.reshape(qh.shape)

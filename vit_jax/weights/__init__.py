@@ -109,16 +109,35 @@ class Loaded:
       return self.label_names[index]
     return f"class {index}"
 
-  def preprocess(self, image: np.ndarray) -> np.ndarray:
+  @property
+  def naflex(self) -> bool:
+    """A NaFlex model: images of any shape, as patch sequences."""
+    return getattr(self.model, "naflex", None) is not None
+
+  def preprocess(self, image: np.ndarray):
     """One image, uint8 (H, W, 3) (or [0, 255] values; grey-scale
-    repeated) -> float32 (S, S, 3), normalised as these weights expect.
-    Anything else (floats in [0, 1], CHW, a batch) is a ValueError that
-    says what was expected."""
+    repeated) -> float32 (S, S, 3), normalised as these weights expect; for
+    a NaFlex model its unpadded patch sequence (:func:`vit_jax.data.naflex.
+    preprocess`; :meth:`batch` pads a list of them). Anything else (floats in
+    [0, 1], CHW, a batch) is a ValueError that says what was expected."""
     image = pp.check_image(image, "Loaded.preprocess")
+    if self.naflex:
+      from vit_jax.data import naflex  # pylint: disable=import-outside-toplevel
+      return naflex.preprocess(image, self.preprocessing,
+                               self.model.patch_size)
     if self.use_training_pipeline:
       from vit_jax.data import transforms  # pylint: disable=import-outside-toplevel
       return transforms.preprocess_tf(image, self.preprocessing)
     return pp.preprocess_pil(image, self.preprocessing)
+
+  def batch(self, samples):
+    """:meth:`preprocess`'d images -> the model's input: stacked (N, S, S,
+    3), or for a NaFlex model one batch padded to the recipe's
+    ``max_seq_len`` (one length: one compilation)."""
+    if self.naflex:
+      from vit_jax.data import naflex  # pylint: disable=import-outside-toplevel
+      return naflex.collate(samples, self.preprocessing.max_seq_len)
+    return np.stack(samples)
 
   def preprocessing_summary(self) -> str:
     how = (" (the training pipeline's eval transform)"
@@ -208,6 +227,10 @@ def _finish(model, variables, pre: pp.Preprocessing, names, what: str,
   crop = trees.native_image_size(trees.unstack_layers(variables), model)
   if crop:
     pre = pre.resized(crop)
+  if model.naflex is not None and not pre.max_seq_len:
+    # A NaFlex model given a fixed-size recipe: the budget of its crop.
+    pre = dataclasses.replace(
+        pre, max_seq_len=(int(pre.crop_size) // model.patch_size) ** 2)
   head = _head_kind(model, variables, names)
   if head == "embedding":
     names = None

@@ -647,7 +647,8 @@ _FAMILY_WIDTHS = (
     (r"^aimv2_huge", 1536),
 )
 # The resolution a name without one stands for (timm's pretrained configs).
-_FAMILY_SIZES = ((r"dinov2", 518), (r"_dinov3", 256), (r"_radio_v\d", 512))
+_FAMILY_SIZES = ((r"dinov2", 518), (r"_dinov3", 256), (r"_radio_v\d", 512),
+                 (r"^naflexvit_", 384))
 
 # (pattern on the name, fields) in order; later matches override earlier.
 TIMM_FAMILIES = (
@@ -831,9 +832,15 @@ def timm_hints(name: str) -> Dict[str, Any]:
   return out
 
 
+# timm's NaFlex evaluation pads every image to this many patches
+# (create_naflex_loader's max_seq_len; 24 x 24 patches of 16).
+NAFLEX_EVAL_SEQ_LEN = 576
+
+
 def timm_preprocessing_cfg(name: str) -> Dict[str, Any]:
   """A timm-style pretrained_cfg for the family of ``name`` (input size,
-  interpolation, crop_pct, mean, std)."""
+  interpolation, crop_pct, mean, std; for a NaFlexVit the token budget
+  ``max_seq_len``)."""
   from vit_jax.data import preprocessing as pp  # pylint: disable=import-outside-toplevel
 
   parsed = parse_timm_name(name) or {}
@@ -847,7 +854,10 @@ def timm_preprocessing_cfg(name: str) -> Dict[str, Any]:
            "half": (pp.HALF, pp.HALF)}
   mean, std = means[cfg.pop("mean")]
   size = parsed.get("image_size") or 224
-  return dict(cfg, mean=mean, std=std, input_size=(3, size, size))
+  out = dict(cfg, mean=mean, std=std, input_size=(3, size, size))
+  if parsed.get("family") == "naflexvit":  # timm's NaFlex eval length
+    out["max_seq_len"] = NAFLEX_EVAL_SEQ_LEN
+  return out
 
 
 _HF_ACTS = {"gelu": "gelu", "quick_gelu": "quick_gelu", "gelu_new": "gelu_tanh",
