@@ -48,6 +48,12 @@ def get_config() -> ml_collections.ConfigDict:
   # (ImageNet statistics for torchvision weights), else 0.5 / 0.5.
   c.pp.mean = config_dict.placeholder(tuple)
   c.pp.std = config_dict.placeholder(tuple)
+  # NaFlex (a NaFlex model: SigLIP 2 NaFlex weights, or from scratch with
+  # SigLIP 2's grid resize): None = square image_size batches; a tuple of
+  # sequence lengths, e.g. (64, 144): every image keeps its aspect ratio
+  # within the step's length (one drawn per step from (seed, step); the
+  # jitted step compiles once per length), evaluation at the longest.
+  c.naflex_seq_lens = config_dict.placeholder(tuple)
 
   # ---------------------------------------------------------------- model
   c.model_name = "vit_b_16"  # vit_{ti,s,b,l,h}_{patch}

@@ -99,9 +99,11 @@ def evaluate(checkpoint: Union[str, weights.Loaded], *,
         f"The model has {num_classes} classes but {dataset!r} has "
         f"{src.num_classes}: this checkpoint was not trained for it.")
   pre = loaded.preprocessing
-  ds, num_batches = batches.eval_dataset(  # uint8 images
+  ds, num_batches = batches.eval_dataset(  # uint8 images (or patches)
       config, src, local_batch=int(batch_size), process_index=0,
-      process_count=1)
+      process_count=1,
+      naflex=((loaded.model.patch_size, int(pre.max_seq_len))
+              if loaded.naflex else None))
   eval_step = jax.jit(train_step.make_eval_step(
       loaded.model, num_classes, mean=tuple(pre.mean), std=tuple(pre.std)))
   start = time.time()

@@ -15,7 +15,9 @@ data goes through the evaluation pipeline
 weights' mean/std; the last batch padded with ``mask == 0`` examples, which
 are dropped), batched over all devices (a ``('data',)`` mesh; each process
 reads its own slice), so every example is embedded exactly once; the count
-is checked against the split's size.
+is checked against the split's size. A NaFlex model (SigLIP 2 NaFlex,
+timm's ``naflexvit_*``) embeds every image at its own aspect ratio within
+its recipe's token budget (``max_seq_len`` patches), one sequence length.
 
 The ``.npz`` holds ``embeddings`` (N, D) float32: the pooled features
 before the head (timm's ``forward_head(pre_logits=True)``: the class token
@@ -47,6 +49,11 @@ def make_feature_fn(model, grid_layer: Optional[int] = None) -> Callable:
 
   def pooled(mdl, encoded):
     if mdl.classifier == "unpooled":  # no pooling of its own: patch mean
+      if isinstance(encoded, dict):  # NaFlex: of the valid patches
+        from vit_jax.models import naflex  # pylint: disable=import-outside-toplevel
+        return naflex.masked_mean(
+            encoded["patches"][:, mdl.num_prefix_tokens:],
+            encoded["patch_valid"])
       return encoded[:, mdl.num_prefix_tokens:].mean(axis=1)
     return mdl.forward_head(encoded, pre_logits=True)
 
@@ -100,6 +107,10 @@ def extract(checkpoint: Union[str, weights.Loaded], *,
                                      download)
   dataset, split = config.dataset, config.eval_split
   model = loaded.model
+  if patch_grids and loaded.naflex:
+    raise ValueError("--patch-grids: a NaFlex model's images each have a "
+                     "patch grid of their own (their aspect ratios); only "
+                     "the embeddings are written for it.")
   grid_layer = (cli.resolve_layer(layer, model.num_layers)
                 if patch_grids else None)
 
@@ -108,10 +119,14 @@ def extract(checkpoint: Union[str, weights.Loaded], *,
   n_dev, n_proc = jax.device_count(), jax.process_count()
   global_batch = -(-int(batch_size) // n_dev) * n_dev
   pre = loaded.preprocessing
+  # A NaFlex model: every image at its aspect ratio, within the recipe's
+  # token budget, one sequence length.
   ds, num_batches = batches.eval_dataset(
       config, src, local_batch=global_batch // n_proc,
       process_index=jax.process_index(), process_count=n_proc,
-      mean=tuple(pre.mean), std=tuple(pre.std))
+      mean=tuple(pre.mean), std=tuple(pre.std),
+      naflex=((model.patch_size, int(pre.max_seq_len)) if loaded.naflex
+              else None))
   data_sh = train_lib.batch_sharding(mesh)
   variables = jax.device_put(loaded.variables,
                              NamedSharding(mesh, PartitionSpec()))
@@ -124,8 +139,10 @@ def extract(checkpoint: Union[str, weights.Loaded], *,
     # Host values of all processes, in the global batch's row order.
     keep = multihost_utils.process_allgather(batch["mask"], tiled=True) > 0
     labels = multihost_utils.process_allgather(batch["label"], tiled=True)
+    inputs = ({k: batch[k] for k in ("patches", "patch_coord", "patch_valid")}
+              if loaded.naflex else batch["image"])
     emb, grid = fn(variables, jax.make_array_from_process_local_data(
-        data_sh, batch["image"]))
+        data_sh, inputs))
     out["embeddings"].append(np.asarray(
         multihost_utils.process_allgather(emb, tiled=True), np.float32)[keep])
     out["labels"].append(np.asarray(labels, np.int32)[keep])
@@ -151,6 +168,8 @@ def extract(checkpoint: Union[str, weights.Loaded], *,
                              else ""),
       "description": np.array(str(loaded.description)),
       "image_size": np.array(int(pre.crop_size)),
+      # NaFlex: each image within this many patches (0: a fixed size).
+      "max_seq_len": np.array(int(pre.max_seq_len or 0)),
       "seconds": np.array(time.time() - start),
   }
   names = src.label_names or loaded.label_names

@@ -74,10 +74,22 @@ def _epochs_in_sequence(epoch_fn):
     logger.setLevel(level)
 
 
+def naflex_seq_len(seq_lens: Sequence[int], seed: int, step):
+  """The sequence length of training step ``step`` (a tensor): one of
+  ``seq_lens``, a function of ``(seed, step)`` only, so a resumed run
+  draws the same lengths."""
+  pick = tf.random.stateless_uniform(
+      [], seed=tf.stack([tf.constant(_mix(seed, 3), tf.int64),
+                         tf.cast(step, tf.int64)]),
+      maxval=len(seq_lens), dtype=tf.int32)
+  return tf.gather(tf.constant(list(seq_lens), tf.int32), pick)
+
+
 def train_dataset(config, src: DataSource, *, local_batch: int,
                   start_step: int, process_index: int, process_count: int,
                   mean: Optional[Sequence[float]] = None,
-                  std: Optional[Sequence[float]] = None):
+                  std: Optional[Sequence[float]] = None,
+                  naflex: Optional[Tuple[int, Sequence[int]]] = None):
   """Infinite stream of process-local training batches from ``start_step``.
 
   Yields dicts ``image`` (local_batch, S, S, 3) and ``label`` int32. Images
@@ -85,6 +97,13 @@ def train_dataset(config, src: DataSource, *, local_batch: int,
   the jitted step (:func:`vit_jax.train.step.normalize_images`); with
   ``mean`` and ``std`` they are normalised float32 here instead (the same
   numbers), for host-side consumers.
+
+  ``naflex=(patch_size, seq_lens)``: NaFlex batches instead of images,
+  ``patches`` (local_batch, L, P*P*3) uint8, ``patch_coord``,
+  ``patch_valid``: each step draws one length ``L`` of ``seq_lens``
+  (:func:`naflex_seq_len`) and every image of the batch keeps its crop's
+  aspect ratio within ``L`` patches (:func:`vit_jax.data.transforms.
+  preprocess_train_naflex`). A jitted step compiles once per length.
   """
   raw, n = sources.process_split(src.builder, src.train_split, process_index,
                           process_count, src.is_folder, drop_remainder=True)
@@ -113,9 +132,17 @@ def train_dataset(config, src: DataSource, *, local_batch: int,
 
   def process(i, ex):
     seed = tf.stack([tf.constant(elem_seed, tf.int64), i])
+    label = tf.cast(ex["label"], tf.int32)
+    if naflex is not None:
+      patch, seq_lens = naflex
+      seq = naflex_seq_len(seq_lens, config.seed, i // int(local_batch))
+      out = transforms.preprocess_train_naflex(
+          ex["image"], seed, pp=pp, patch_size=patch, seq_len=seq, mean=mean,
+          std=std)
+      return dict(out, label=label)
     image = transforms.preprocess_train(ex["image"], seed, pp=pp, image_size=size,
                              mean=mean, std=std)
-    return {"image": image, "label": tf.cast(ex["label"], tf.int32)}
+    return {"image": image, "label": label}
 
   ds = ds.map(process, num_parallel_calls=tf.data.AUTOTUNE)
   ds = ds.batch(local_batch, drop_remainder=True)
@@ -126,14 +153,17 @@ def train_dataset(config, src: DataSource, *, local_batch: int,
 def eval_dataset(config, src: DataSource, *, local_batch: int,
                  process_index: int, process_count: int,
                  mean: Optional[Sequence[float]] = None,
-                 std: Optional[Sequence[float]] = None
+                 std: Optional[Sequence[float]] = None,
+                 naflex: Optional[Tuple[int, int]] = None
                  ) -> Tuple[tf.data.Dataset, int]:
   """(padded process-local eval batches with ``mask``, number of batches).
 
   All processes yield the same number of batches; padding examples have
   ``mask == 0`` (and zero pixels) so every real example is counted exactly
   once. Images are uint8, or normalised float32 with ``mean`` and ``std``
-  (as in :func:`train_dataset`).
+  (as in :func:`train_dataset`). ``naflex=(patch_size, seq_len)``: NaFlex
+  batches of one length (:func:`vit_jax.data.transforms.
+  preprocess_eval_naflex`: the whole image within ``seq_len`` patches).
   """
   counts = [sources.process_split(src.builder, src.eval_split, p, process_count,
                            src.is_folder, drop_remainder=False)[1]
@@ -148,18 +178,24 @@ def eval_dataset(config, src: DataSource, *, local_batch: int,
   resize = preprocessing.eval_resize_size(config.pp.eval_crop_fraction, size)
 
   def process(ex):
-    return {"image": transforms.preprocess_eval(ex["image"], image_size=size,
-                                     resize_size=resize, mean=mean, std=std),
-            "label": tf.cast(ex["label"], tf.int32),
-            "mask": tf.constant(1.0, tf.float32)}
+    if naflex is not None:
+      out = transforms.preprocess_eval_naflex(
+          ex["image"], patch_size=naflex[0], seq_len=int(naflex[1]),
+          mean=mean, std=std)
+    else:
+      out = {"image": transforms.preprocess_eval(
+          ex["image"], image_size=size, resize_size=resize, mean=mean,
+          std=std)}
+    return dict(out, label=tf.cast(ex["label"], tf.int32),
+                mask=tf.constant(1.0, tf.float32))
 
   ds = raw.map(process, num_parallel_calls=tf.data.AUTOTUNE)
   pad = num_batches * local_batch - n
   if pad:
-    image = ds.element_spec["image"]
-    blank = {"image": tf.zeros(image.shape, image.dtype),
-             "label": tf.constant(0, tf.int32),
-             "mask": tf.constant(0.0, tf.float32)}
+    blank = {k: tf.zeros([int(naflex[1]) if d is None else d
+                          for d in spec.shape], spec.dtype)
+             for k, spec in ds.element_spec.items()}
+    blank["mask"] = tf.constant(0.0, tf.float32)
     ds = ds.concatenate(tf.data.Dataset.from_tensors(blank).repeat(pad))
   ds = ds.batch(local_batch, drop_remainder=True).prefetch(config.prefetch)
   return ds.with_options(_options()), num_batches

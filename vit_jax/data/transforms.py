@@ -2,7 +2,10 @@
 window where that suffices), the training augmentations (Inception crop or
 padded random crop, flip, RandAugment) with stateless seeds, and the
 evaluation resize and center crop. Images leave as uint8, or normalised
-float32 where a mean and std are given.
+float32 where a mean and std are given. NaFlex models' inputs: each image
+resized to a token budget keeping its aspect ratio, cut into patches and
+padded (:func:`preprocess_train_naflex`, :func:`preprocess_eval_naflex`;
+the NumPy twin is :mod:`vit_jax.data.naflex`).
 """
 
 from __future__ import annotations
@@ -170,3 +173,127 @@ def preprocess_tf(image: np.ndarray, pre: preprocessing.Preprocessing
       resize_size=int(pre.resize_size), mean=tuple(pre.mean),
       std=tuple(pre.std))
   return np.asarray(out, np.float32)
+
+
+# --------------------------------------------------------------------------- #
+# NaFlex (vit_jax.data.naflex's NumPy pipeline, in TensorFlow for tf.data).
+# --------------------------------------------------------------------------- #
+
+
+def _search_steps(eps: float = 1e-5) -> int:
+  """timm's budget search halves [eps / 10, 100] until it is narrower than
+  ``eps``: a fixed number of steps, whichever way each one goes."""
+  width, steps = 100.0 - eps / 10.0, 0
+  while width >= eps:
+    width, steps = width / 2.0, steps + 1
+  return steps
+
+
+_SEARCH_STEPS = _search_steps()
+
+
+def image_size_for_seq(hw, patch_size: int, max_seq_len):
+  """(2,) int32 (height, width) of :func:`vit_jax.data.naflex.
+  image_size_for_seq` for a (2,) image size tensor (``max_seq_len`` an int
+  or a tensor): timm's binary search in float64, unrolled (its fixed
+  number of steps), so the same sizes."""
+  p = tf.constant(float(patch_size), tf.float64)
+  hw = tf.cast(hw, tf.float64)
+
+  def target(ratio):
+    t = p * tf.math.ceil(hw * ratio / p)
+    return tf.maximum(t, p)
+
+  def fits(ratio):
+    t = target(ratio)
+    return tf.reduce_prod(tf.floor(t / p)) <= tf.cast(max_seq_len,
+                                                       tf.float64)
+
+  lb = tf.constant(1e-5 / 10.0, tf.float64)  # timm's eps / 10
+  rb = tf.constant(100.0, tf.float64)
+  for _ in range(_SEARCH_STEPS):
+    mid = (lb + rb) / 2.0
+    ok = fits(mid)
+    lb, rb = tf.where(ok, mid, lb), tf.where(ok, rb, mid)
+  return tf.cast(target(lb), tf.int32)
+
+
+def patchify(image, patch_size: int, seq_len):
+  """(H, W, C) with sides multiples of the patch -> ``{patches (seq_len,
+  P*P*C), patch_coord (seq_len, 2) int32, patch_valid (seq_len,) bool}``
+  padded with zero patches at (0, 0) (:func:`vit_jax.data.naflex.patchify`
+  and ``collate``)."""
+  p = int(patch_size)
+  shape = tf.shape(image)
+  gh, gw, c = shape[0] // p, shape[1] // p, image.shape[-1]
+  x = tf.reshape(image, [gh, p, gw, p, c])
+  patches = tf.reshape(tf.transpose(x, [0, 2, 1, 3, 4]), [gh * gw, p * p * c])
+  ys, xs = tf.meshgrid(tf.range(gh), tf.range(gw), indexing="ij")
+  coord = tf.stack([tf.reshape(ys, [-1]), tf.reshape(xs, [-1])], axis=1)
+  pad = seq_len - gh * gw
+  out = {"patches": tf.pad(patches, [[0, pad], [0, 0]]),
+         "patch_coord": tf.pad(coord, [[0, pad], [0, 0]]),
+         "patch_valid": tf.pad(tf.ones([gh * gw], tf.bool), [[0, pad]])}
+  if isinstance(seq_len, int):  # a static length: a static shape
+    out = {k: tf.ensure_shape(v, [seq_len] + v.shape[1:].as_list())
+           for k, v in out.items()}
+  return out
+
+
+def _naflex_finish(image, patch_size, seq_len, mean, std):
+  """Resized pixels -> uint8 (or normalised float32) patches, padded."""
+  image = _to_uint8(image)
+  if mean is not None or std is not None:
+    image = _normalize(image, mean, std)
+  return patchify(image, patch_size, seq_len)
+
+
+def _resize_to_seq(image, patch_size, seq_len):
+  size = image_size_for_seq(tf.shape(image)[:2], patch_size, seq_len)
+  return tf.image.resize(image, size, method="bilinear", antialias=True)
+
+
+def preprocess_eval_naflex(image, *, patch_size: int, seq_len: int,
+                           mean=None, std=None):
+  """NaFlex evaluation: the whole image resized to the largest size with at
+  most ``seq_len`` patches keeping its aspect ratio (timm's
+  ``ResizeToSequence``; bilinear with antialiasing, as this pipeline's
+  other resizes), cut into patches, padded to ``seq_len``; uint8 patches,
+  or normalised float32 with ``mean`` / ``std``."""
+  image = _resize_to_seq(_decode(image), patch_size, seq_len)
+  return _naflex_finish(image, patch_size, seq_len, mean, std)
+
+
+def preprocess_train_naflex(image, seed, *, pp, patch_size: int, seq_len,
+                            mean=None, std=None):
+  """NaFlex training: the Inception crop (``pp.crop='inception'``; else the
+  whole image) resized to at most ``seq_len`` patches keeping the crop's
+  aspect ratio, flip, RandAugment; patches padded to ``seq_len`` (a
+  tensor: the step's length)."""
+  seeds = tf.random.experimental.stateless_split(seed, 4)
+  if pp.crop == "inception":
+    shape = _shape(image)
+    begin, size = inception_crop_window(shape, seeds[0], pp)
+    image = _decode_crop(image, begin, size, shape)
+  else:
+    image = _decode(image)
+  image = _resize_to_seq(image, patch_size, seq_len)
+  if pp.flip:
+    image = tf.image.stateless_random_flip_left_right(image, seeds[1])
+  if pp.randaugment_layers:
+    from vit_jax.data import randaugment  # pylint: disable=import-outside-toplevel
+    image = randaugment.randaugment(
+        _to_uint8(image), num_layers=pp.randaugment_layers,
+        magnitude=pp.randaugment_magnitude, seed=seeds[2])
+  return _naflex_finish(image, patch_size, seq_len, mean, std)
+
+
+def preprocess_naflex_tf(image: np.ndarray, pre: preprocessing.Preprocessing,
+                         patch_size: int) -> dict:
+  """One uint8 (H, W, 3) image through the training pipeline's NaFlex eval
+  transform (normalised float32 patches padded to ``pre.max_seq_len``), for
+  NaFlex models trained by ``train.py``: what they saw during evaluation."""
+  out = preprocess_eval_naflex(
+      np.asarray(image, np.uint8), patch_size=int(patch_size),
+      seq_len=int(pre.max_seq_len), mean=tuple(pre.mean), std=tuple(pre.std))
+  return {k: v.numpy() for k, v in out.items()}

@@ -138,6 +138,13 @@ def model_kwargs(config, num_classes: int,
     if arch["classifier"] == "unpooled":  # a backbone: the config pools
       arch["classifier"] = kw.get("classifier") or "token"
     kw = dict(arch, **{k: v for k, v in kw.items() if k in TRAINING_OPTIONS})
+  if init is None and config.get("naflex_seq_lens") and not kw.get("naflex"):
+    # A NaFlex model from scratch: SigLIP 2's per-image grid resize, the
+    # grid of config.image_size.
+    patch = int(kw.get("patch_size") or
+                models.decode_variant(config.model_name).patch_size)
+    side = max(1, int(config.image_size) // patch)
+    kw.update(naflex="bilinear_aa", naflex_grid=[side, side])
   kw["num_classes"] = int(num_classes)
   return kw
 

@@ -76,6 +76,20 @@ def validate_config(config, num_devices: int, num_processes: int):
   if float(config.pp.mixup_alpha) < 0:
     raise ValueError(f"config.pp.mixup_alpha={config.pp.mixup_alpha} must be "
                      f">= 0 (0 disables mixup).")
+  lens = config.get("naflex_seq_lens")
+  if lens is not None:
+    if not lens or not all(isinstance(n, int) and n > 0 for n in lens):
+      raise ValueError(f"config.naflex_seq_lens={lens}: expected a tuple of "
+                       f"positive sequence lengths, e.g. (64, 144).")
+    if float(config.pp.mixup_alpha):
+      raise ValueError("config.pp.mixup_alpha: mixup blends two images "
+                       "pixel by pixel, which NaFlex batches (each image its "
+                       "own shape) cannot; set it to 0 with naflex_seq_lens.")
+    if config.pp.crop not in ("inception", "resize"):
+      raise ValueError(f"config.pp.crop={config.pp.crop!r}: NaFlex batches "
+                       f"take 'inception' (a random crop, resized to the "
+                       f"step's length keeping its aspect ratio) or 'resize' "
+                       f"(the whole image).")
 
 
 def _facts(config, src, mesh, start, latest, model_name, n_params, mean, std):
@@ -89,6 +103,8 @@ def _facts(config, src, mesh, start, latest, model_name, n_params, mean, std):
       dataset=src.name, num_train_examples=src.num_train,
       num_eval_examples=src.num_eval, num_classes=src.num_classes,
       model=model_name, num_params=n_params, image_size=int(config.image_size),
+      naflex_seq_lens=(list(config.naflex_seq_lens)
+                       if config.get("naflex_seq_lens") else None),
       total_steps=int(config.total_steps),
       warmup_steps=optim.warmup_steps(config),
       init_weights=config.init_weights or None, resumed_from_step=latest,
@@ -138,6 +154,12 @@ def train_and_evaluate(config, workdir: str, *,
   init = train_init.load_initial_weights(config)  # None: from scratch
   model_kw = train_init.model_kwargs(config, src.num_classes, init)
   model = train_init.build_model(config.model_name, model_kw)
+  naflex_lens = config.get("naflex_seq_lens")
+  if naflex_lens and model.naflex is None:
+    raise ValueError(
+        "config.naflex_seq_lens needs a NaFlex model: start from NaFlex "
+        "weights (SigLIP 2 NaFlex, timm's naflexvit_*) or from scratch "
+        "(config.init_weights=''), not from fixed-grid weights.")
   schedule = optim.make_schedule(config)
   tx = optim.make_optimizer(config, schedule)
   abstract = train_step.abstract_train_state(model, tx, int(config.image_size))
@@ -195,6 +217,7 @@ def train_and_evaluate(config, workdir: str, *,
   config_dict = json.loads(json.dumps(config.to_dict(), default=str))
   meta = dict(model_name=config.model_name, model_kwargs=model_kw,
               image_size=int(config.image_size), mean=list(mean),
+              naflex_seq_len=max(naflex_lens) if naflex_lens else None,
               std=list(std), label_names=src.label_names, dataset=src.name,
               num_classes=src.num_classes, config=config_dict)
   writer = metrics.MetricsWriter(workdir, enabled=pidx == 0,
@@ -215,12 +238,16 @@ def train_and_evaluate(config, workdir: str, *,
 
   # ---- Data from step `start`: tf.data -> uint8 global arrays (the steps
   # normalise them on the devices), double-buffered.
+  # NaFlex: each step's length drawn from (seed, step), one compilation per
+  # length; evaluation at the longest.
   train_ds = batches.train_dataset(
       config, src, local_batch=int(config.batch_size) // pcount,
-      start_step=start, process_index=pidx, process_count=pcount)
+      start_step=start, process_index=pidx, process_count=pcount,
+      naflex=(model.patch_size, tuple(naflex_lens)) if naflex_lens else None)
   eval_ds, _ = batches.eval_dataset(
       config, src, local_batch=int(config.eval_batch_size) // pcount,
-      process_index=pidx, process_count=pcount)
+      process_index=pidx, process_count=pcount,
+      naflex=(model.patch_size, max(naflex_lens)) if naflex_lens else None)
   train_batches = batches.start_global(train_ds, data_sh)
 
   # ---- The loop.

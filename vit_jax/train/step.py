@@ -113,6 +113,22 @@ def normalize_images(images, mean=None, std=None):
           jnp.asarray(std, jnp.float32))
 
 
+def model_inputs(batch, mean=None, std=None):
+  """The model's input from a batch: its normalised images
+  (:func:`normalize_images`), or for a NaFlex batch (``patches``,
+  ``patch_coord``, ``patch_valid``) the dict with its uint8 patches
+  normalised per channel (each patch is (y, x, channel) pixels)."""
+  if "patches" not in batch:
+    return normalize_images(batch["image"], mean, std)
+  p = batch["patches"]
+  if p.dtype == jnp.uint8:
+    b, n, k = p.shape
+    p = normalize_images(p.reshape(b, n, k // 3, 3), mean, std).reshape(
+        b, n, k)
+  return {"patches": p, "patch_coord": batch["patch_coord"],
+          "patch_valid": batch["patch_valid"]}
+
+
 def make_train_step(model, tx, *, num_classes: int, seed: int,
                     label_smoothing: float = 0.0, mixup_alpha: float = 0.0,
                     grad_accum_steps: int = 1, micro_sharding=None,
@@ -143,7 +159,7 @@ def make_train_step(model, tx, *, num_classes: int, seed: int,
   def step_fn(state: TrainState, batch):
     rng = jax.random.fold_in(jax.random.key(seed), state.step)
     rng, mix_rng = jax.random.split(rng)
-    images = normalize_images(batch["image"], mean, std)
+    images = model_inputs(batch, mean, std)
     labels = jax.nn.one_hot(batch["label"], num_classes, dtype=jnp.float32)
     if label_smoothing:
       labels = optax.smooth_labels(labels, label_smoothing)
@@ -172,7 +188,8 @@ def make_train_step(model, tx, *, num_classes: int, seed: int,
       zeros = jax.tree_util.tree_map(jnp.zeros_like, state.params)
       (grads, loss, batch_stats), _ = jax.lax.scan(
           body, (zeros, jnp.zeros((), jnp.float32), state.batch_stats),
-          (micro(images), micro(labels), jnp.arange(accum)))
+          (jax.tree_util.tree_map(micro, images), micro(labels),
+           jnp.arange(accum)))
       grads = jax.tree_util.tree_map(lambda g: g / accum, grads)
       loss = loss / accum
 
@@ -199,7 +216,7 @@ def make_eval_step(model, num_classes: int, mean=None, std=None):
     variables = {"params": params}
     if batch_stats:
       variables["batch_stats"] = batch_stats
-    logits = model.apply(variables, normalize_images(batch["image"], mean, std),
+    logits = model.apply(variables, model_inputs(batch, mean, std),
                          train=False)
     logits = logits.astype(jnp.float32)
     labels, mask = batch["label"], batch["mask"]

@@ -121,6 +121,10 @@ class Loaded:
     preprocess`; :meth:`batch` pads a list of them). Anything else (floats in
     [0, 1], CHW, a batch) is a ValueError that says what was expected."""
     image = pp.check_image(image, "Loaded.preprocess")
+    if self.naflex and self.use_training_pipeline:
+      from vit_jax.data import transforms  # pylint: disable=import-outside-toplevel
+      return transforms.preprocess_naflex_tf(image, self.preprocessing,
+                                             self.model.patch_size)
     if self.naflex:
       from vit_jax.data import naflex  # pylint: disable=import-outside-toplevel
       return naflex.preprocess(image, self.preprocessing,
@@ -434,7 +438,8 @@ def _load_orbax(path: str, name, image_size, patch_size=None) -> Loaded:
     resize = int(round(int(image_size) * resize / crop))
     crop = int(image_size)
   pre = pp.Preprocessing(crop, resize, "bilinear", tuple(info["mean"]),
-                         tuple(info["std"]))
+                         tuple(info["std"]),
+                         max_seq_len=info.get("naflex_seq_len"))
   names = info.get("label_names")
   names = labels.check_labels(names, model.num_classes or 0, path) if names else None
   desc = (f"vit_jax training checkpoint (step {info.get('step')}, dataset "

@@ -181,5 +181,7 @@ def load_for_inference(path: str):
       "num_classes": meta["model_kwargs"].get("num_classes"),
       "model_name": meta["model_name"],
       "config": meta.get("config"),
+      # NaFlex runs: the evaluation's sequence length.
+      "naflex_seq_len": meta.get("naflex_seq_len"),
   }
   return model, variables, info
