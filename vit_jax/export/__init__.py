@@ -18,6 +18,13 @@ artifact maps images to logits (float32, ``(batch, num_classes)``):
   weights' own resize / center crop / normalisation inside
   (:mod:`vit_jax.export.preprocessing`).
 
+A NaFlex model (SigLIP 2 NaFlex, timm's ``naflexvit_*``) takes the NaFlex
+dict instead (``patches`` float32 (batch, seq_len, P*P*3), ``patch_coord``
+int32 (batch, seq_len, 2), ``patch_valid`` bool (batch, seq_len);
+:func:`vit_jax.data.naflex.batch_images` makes it from images of any
+shape), as StableHLO, with a symbolic sequence length unless ``--seq-len``
+fixes it: one artifact runs every length.
+
 The batch dimension is dynamic unless ``--batch`` fixes it. ``--dtype
 bfloat16`` computes in bfloat16 (parameters stored in bfloat16); inputs and
 logits keep the dtypes above.
@@ -52,7 +59,7 @@ from vit_jax.export.base import (  # noqa: F401  (public names)
 from vit_jax.export.stablehlo import (  # noqa: F401
     StableHLOArtifact, export_stablehlo, load_stablehlo)
 from vit_jax.export.types import (  # noqa: F401
-    DTYPES, FORMATS, ExportError, InputSpec)
+    DTYPES, FORMATS, ExportError, InputSpec, NaFlexInputSpec)
 from vit_jax.weights import trees
 
 
@@ -60,7 +67,8 @@ def export(checkpoint, fmt: str, out: str, *, batch: Optional[int] = None,
            dtype: str = "float32", with_preprocessing: bool = False,
            platforms: Sequence[str] = ("cpu",),
            model_name: Optional[str] = None,
-           image_size: Optional[int] = None, preprocessing=None) -> str:
+           image_size: Optional[int] = None, preprocessing=None,
+           seq_len: Optional[int] = None) -> str:
   """Writes ``checkpoint`` as a ``fmt`` artifact at ``out``; returns ``out``.
 
   Args:
@@ -76,6 +84,8 @@ def export(checkpoint, fmt: str, out: str, *, batch: Optional[int] = None,
     platforms: for stablehlo / savedmodel, the platforms the module is
       lowered for (e.g. ``('cpu', 'cuda')``).
     model_name, image_size, preprocessing: see :func:`servable`.
+    seq_len: a NaFlex model's fixed sequence length; ``None`` (default):
+      symbolic (StableHLO only).
   """
   if fmt not in FORMATS:
     raise ExportError(f"format {fmt!r}: expected one of {FORMATS}")
@@ -84,10 +94,16 @@ def export(checkpoint, fmt: str, out: str, *, batch: Optional[int] = None,
   s = base.servable(checkpoint, preprocessing=preprocessing, model_name=model_name,
                image_size=image_size)
   kwargs = dict(batch=batch, dtype=dtype, with_preprocessing=with_preprocessing)
+  if base.is_naflex(s.model) and fmt != "stablehlo":
+    raise ExportError(
+        f"format {fmt!r}: a NaFlex model (a NaFlex dict in, its sequence "
+        f"length symbolic) is exported as 'stablehlo'.")
   out = os.fspath(out)
   parent = os.path.dirname(os.path.abspath(out))
   os.makedirs(parent, exist_ok=True)
   if fmt == "stablehlo":
+    if base.is_naflex(s.model):
+      kwargs["seq_len"] = seq_len
     return stablehlo.export_stablehlo(s, out, platforms=platforms, **kwargs)
   if fmt == "savedmodel":
     from vit_jax.export import savedmodel as export_tf  # pylint: disable=import-outside-toplevel
@@ -127,10 +143,13 @@ class Verified:
 
 
 def verify(s: Servable, fmt: str, path: str, *, with_preprocessing=False,
-           dtype="float32", batch=None, seed=0) -> Verified:
+           dtype="float32", batch=None, seed=0, seq_lens=None) -> Verified:
   """Largest relative error (max |artifact - JAX| / max |JAX|) of the
   artifact, run by its runtime, against the JAX serving function, on random
-  inputs (batch 1 and 7, or ``batch``).
+  inputs (batch 1 and 7, or ``batch``). A NaFlex artifact: NaFlex batches
+  of random images of different shapes at two sequence lengths
+  (``seq_lens``, default (32, 77); the artifact's own if it fixed one),
+  the same symbolic program for both.
 
   It cannot pass for want of a signal: a head whose kernel is all zero (a
   fresh head) gives every image the same logits, which say nothing about
@@ -138,17 +157,24 @@ def verify(s: Servable, fmt: str, path: str, *, with_preprocessing=False,
   exported the same way and checked instead, and the result says so."""
   head = trees.params_of(trees.unstack_layers(trees.wrap(s.variables))).get(
       "head", {}).get("kernel")
+  if base.is_naflex(s.model):
+    spec = load_stablehlo(path).spec
+    lens = ((spec.seq_len,) if spec.seq_len is not None else
+            tuple(seq_lens or (32, 77)))
+  else:
+    lens, spec = None, None
   if head is None or np.any(np.asarray(head)):
     return Verified(_max_rel_err(s, fmt, path, with_preprocessing, dtype,
-                                 batch, seed))
+                                 batch, seed, lens))
   probe = _with_random_head(s, seed)
   suffix = {"stablehlo": ".shlo", "onnx": ".onnx"}.get(fmt, "")
   with tempfile.TemporaryDirectory(prefix="vit_jax_verify_") as d:
     out = export(probe, fmt, os.path.join(d, "random_head" + suffix),
                  batch=batch, dtype=dtype,
-                 with_preprocessing=with_preprocessing)
+                 with_preprocessing=with_preprocessing,
+                 seq_len=spec.seq_len if spec is not None else None)
     err = _max_rel_err(probe, fmt, out, with_preprocessing, dtype, batch,
-                       seed)
+                       seed, lens)
   return Verified(err, "the model's head is all zero (a fresh head: every "
                   "image gets the same logits, which cannot show an error), "
                   "so a copy with a random head was exported the same way "
@@ -168,7 +194,22 @@ def _with_random_head(s: Servable, seed: int) -> Servable:
                              variables=dict(variables, params=params))
 
 
-def _max_rel_err(s, fmt, path, with_preprocessing, dtype, batch, seed) -> float:
+def _naflex_inputs(s: Servable, b: int, seq_len: int, rs):
+  """A NaFlex batch of ``b`` random images of random shapes (each within
+  ``seq_len`` patches), padded to ``seq_len``."""
+  from vit_jax.data import naflex  # pylint: disable=import-outside-toplevel
+  p, c = s.model.patch_size, s.model.num_channels
+  samples = []
+  for _ in range(b):
+    gh = rs.randint(1, seq_len + 1)
+    gw = rs.randint(1, seq_len // gh + 1)
+    x = rs.standard_normal((gh * p, gw * p, c)).astype(np.float32)
+    samples.append(dict(zip(naflex.KEYS, naflex.patchify(x, p))))
+  return naflex.collate(samples, seq_len)
+
+
+def _max_rel_err(s, fmt, path, with_preprocessing, dtype, batch, seed,
+                 seq_lens=None) -> float:
   import jax  # pylint: disable=import-outside-toplevel
 
   fn, params = base.serving_function(s, dtype=dtype,
@@ -178,8 +219,14 @@ def _max_rel_err(s, fmt, path, with_preprocessing, dtype, batch, seed) -> float:
   run = load(fmt, path)
   rs = np.random.RandomState(seed)
   worst = 0.0
-  for b in ([batch] if batch else [1, 7]):
-    if with_preprocessing:
+  cases = [(b, None) for b in ([batch] if batch else [1, 7])]
+  if seq_lens:  # NaFlex: each length, a batch size each
+    sizes = [batch or (1, 3)[i % 2] for i in range(len(seq_lens))]
+    cases = list(zip(sizes, seq_lens))
+  for b, seq_len in cases:
+    if seq_len is not None:
+      images = _naflex_inputs(s, b, int(seq_len), rs)
+    elif with_preprocessing:
       images = rs.randint(0, 256, (b, s.image_size + 31, s.image_size + 7, 3),
                           dtype=np.uint8)
     else:

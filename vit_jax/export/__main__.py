@@ -44,9 +44,13 @@ def _parser():
   ap.add_argument("--image-size", type=int, default=None,
                   help="export at this resolution (position embedding "
                        "resampled)")
+  ap.add_argument("--seq-len", type=int, default=None,
+                  help="a NaFlex model's fixed sequence length (default: "
+                       "symbolic, any length)")
   ap.add_argument("--verify", action="store_true",
                   help="run the artifact in its runtime on random inputs "
-                       "(batch 1 and 7) and print its error against JAX")
+                       "(batch 1 and 7; NaFlex: two sequence lengths) and "
+                       "print its error against JAX")
   return ap
 
 
@@ -64,12 +68,13 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     platforms = tuple(p.strip() for p in args.platforms.split(",") if p.strip())
     out = export(s, args.format, args.out, batch=args.batch, dtype=args.dtype,
                  with_preprocessing=args.with_preprocessing,
-                 platforms=platforms)
+                 platforms=platforms, seq_len=args.seq_len)
+    spec = input_spec(s, batch=args.batch,
+                      with_preprocessing=args.with_preprocessing,
+                      seq_len=args.seq_len)
   except (ExportError, weights.CheckpointError, ValueError) as e:
     print(f"error: {e}", file=sys.stderr)
     return 1
-  spec = input_spec(s, batch=args.batch,
-                    with_preprocessing=args.with_preprocessing)
   print(f"wrote {out} ({args.format}, {_size_of(out) / 2 ** 20:.1f} MiB)")
   print(f"  images: {spec.describe()} -> logits: float32 (batch, "
         f"{s.model.num_classes}); computed in {args.dtype}")

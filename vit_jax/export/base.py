@@ -1,6 +1,7 @@
 """The servable (model, variables, preprocessing, input size) and the one
 JAX function every format exports: images -> float32 logits, optionally
-with the weights' preprocessing inside."""
+with the weights' preprocessing inside; a NaFlex model's takes the NaFlex
+dict (patches, coordinates, mask) with a symbolic sequence length."""
 
 from __future__ import annotations
 
@@ -12,7 +13,8 @@ from typing import Any, Optional
 import numpy as np
 
 from vit_jax.export.preprocessing import preprocess, resize_method
-from vit_jax.export.types import DTYPES, ExportError, InputSpec
+from vit_jax.export.types import (DTYPES, ExportError, InputSpec,
+                                  NaFlexInputSpec)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -58,12 +60,20 @@ def servable(checkpoint, *, preprocessing=None,
   if not getattr(model, "num_classes", None) or model.classifier == "unpooled":
     raise ExportError("The model has no classification head: an artifact "
                       "returns logits, so there is nothing to export.")
+  if is_naflex(model):  # any image shape: no input size
+    return Servable(model, variables, pre, 0)
   size = _image_size(model, variables)
   if pre is not None and int(pre.crop_size) != size:
     raise ExportError(f"The preprocessing crops {pre.crop_size}x"
                       f"{pre.crop_size} images but the model takes "
                       f"{size}x{size}.")
   return Servable(model, variables, pre, size)
+
+
+def is_naflex(model) -> bool:
+  """A NaFlex model: its artifact takes the NaFlex dict (patches,
+  coordinates, mask) with a symbolic sequence length."""
+  return getattr(model, "naflex", None) is not None
 
 
 def _image_size(model, variables) -> int:
@@ -94,6 +104,11 @@ def serving_function(s: Servable, *, dtype: str = "float32",
 
   if dtype not in DTYPES:
     raise ExportError(f"dtype {dtype!r}: expected one of {DTYPES}")
+  if with_preprocessing and is_naflex(s.model):
+    raise ExportError(
+        "--with-preprocessing: a NaFlex model's resize depends on each "
+        "image's shape (a token budget); export it without, and prepare its "
+        "patches with vit_jax.data.naflex.batch_images.")
   if with_preprocessing and s.preprocessing is None:
     raise ExportError("--with-preprocessing needs the weights' preprocessing "
                       "(resize, crop, mean, std): pass a checkpoint, or "
@@ -106,8 +121,10 @@ def serving_function(s: Servable, *, dtype: str = "float32",
   tokens = (s.image_size // model.patch_size) ** 2 + model.num_prefix_tokens
   # The CPU attention path splits longer sequences into chunks whose count
   # depends on the batch size; a dynamic batch uses XLA's attention instead
-  # (the same function).
-  if (dynamic_batch and tokens > kernels.FUSED_ATTENTION_MAX_KEYS and
+  # (the same function). So does a NaFlex model, whose sequence length may
+  # be symbolic.
+  if ((is_naflex(model) or (dynamic_batch and
+                            tokens > kernels.FUSED_ATTENTION_MAX_KEYS)) and
       model.attention_impl in (None, "matmul")):
     model = model.clone(attention_impl="xla")
   params = s.variables
@@ -127,10 +144,23 @@ def serving_function(s: Servable, *, dtype: str = "float32",
 
 
 def input_spec(s: Servable, *, batch: Optional[int] = None,
-               with_preprocessing: bool = False) -> InputSpec:
+               with_preprocessing: bool = False,
+               seq_len: Optional[int] = None):
+  """What the artifact takes: an :class:`InputSpec` of images, or for a
+  NaFlex model a :class:`NaFlexInputSpec` (``seq_len`` None: symbolic)."""
   if batch is not None and int(batch) < 1:
     raise ExportError(f"batch={batch}: expected >= 1 (or None: dynamic)")
   b = None if batch is None else int(batch)
+  if is_naflex(s.model):
+    if seq_len is not None and int(seq_len) < 1:
+      raise ExportError(f"seq_len={seq_len}: expected >= 1 (or None: "
+                        f"symbolic)")
+    p = s.model.patch_size
+    return NaFlexInputSpec(b, None if seq_len is None else int(seq_len),
+                           p * p * s.model.num_channels)
+  if seq_len is not None:
+    raise ExportError("seq_len: only a NaFlex model takes a sequence of "
+                      "patches; this one takes images")
   if with_preprocessing:
     return InputSpec((b, None, None, 3), "uint8")
   return InputSpec((b, s.image_size, s.image_size, s.model.num_channels),
@@ -139,16 +169,19 @@ def input_spec(s: Servable, *, batch: Optional[int] = None,
 
 def exported(s: Servable, *, batch=None, dtype="float32",
              with_preprocessing=False, platforms=("cpu",),
-             params_as_arguments=False):
+             params_as_arguments=False, seq_len=None):
   """The ``jax.export.Exported`` of the serving function: ``call(images)``
   (parameters baked in), or ``call(params, images)`` with
-  ``params_as_arguments`` (then returns ``(exported, params)``)."""
+  ``params_as_arguments`` (then returns ``(exported, params)``). A NaFlex
+  model's takes the NaFlex dict, its sequence length symbolic unless
+  ``seq_len`` fixes it."""
   import jax  # pylint: disable=import-outside-toplevel
 
   fn, params = serving_function(s, dtype=dtype,
                                 with_preprocessing=with_preprocessing,
                                 dynamic_batch=batch is None)
-  spec = input_spec(s, batch=batch, with_preprocessing=with_preprocessing).jax()
+  spec = input_spec(s, batch=batch, with_preprocessing=with_preprocessing,
+                    seq_len=seq_len).jax()
   platforms = tuple(platforms)
   if params_as_arguments:
     params_spec = jax.tree_util.tree_map(

@@ -8,7 +8,9 @@ Modules: :mod:`~vit_jax.models.vit` (the module), :mod:`~vit_jax.models.variants
 (names, sizes, ``get_model``), :mod:`~vit_jax.models.layers` (attention, MLP,
 norms, position embeddings, the encoder), :mod:`~vit_jax.models.kernels`
 (the fast paths, chosen per backend), :mod:`~vit_jax.models.interpolate`
-(PyTorch's resizing as matrices), :mod:`~vit_jax.models.analysis` (attention
+(PyTorch's resizing as matrices), :mod:`~vit_jax.models.naflex` (NaFlex
+inputs: the per-image resize of the position grid, the padding masks),
+:mod:`~vit_jax.models.analysis` (attention
 maps, rollout, feature PCA). This room imports nothing else of vit_jax, nor
 torch or TensorFlow.
 """
