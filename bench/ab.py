@@ -127,8 +127,8 @@ def main(argv=None):
   res["gemms"] = machine.gemms_for(args, args.model, args.batch,
                                    args.image_size, dtypes=(args.dtype,))
   res["isa"], res["isa_line"] = args.isa, isa_line
-  print(isa_line)
-  print(format_table(res, cs[0].label, args.rounds))
+  table = format_table(res, cs[0].label, args.rounds).split("\n", 1)
+  print("\n".join([table[0], isa_line] + table[1:]))
   if args.json:
     print(json.dumps(res))
   return res

@@ -153,7 +153,14 @@ def list_models(pattern: str = "*", pretrained: bool = False,
   return records.list_names(pattern, pretrained=pretrained, exclude=exclude)
 
 
+# Submodules reachable as attributes after a bare ``import vit_jax``
+# (``vit_jax.weights.load(...)``), imported on first use.
+SUBMODULES = ("models", "data", "weights", "train", "export", "convert",
+              "formats", "inference", "nnx", "predict", "evaluate",
+              "visualize", "features", "probe", "cli")
+
+
 def __getattr__(name):
-  if name in MOVED:  # from vit_jax import checkpoint
+  if name in MOVED or name in SUBMODULES:  # from vit_jax import checkpoint
     return importlib.import_module(f"{__name__}.{name}")
   raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

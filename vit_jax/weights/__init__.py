@@ -116,6 +116,8 @@ class Loaded:
     says what was expected."""
     image = pp.check_image(image, "Loaded.preprocess")
     if self.use_training_pipeline:
+      from vit_jax.data import console  # pylint: disable=import-outside-toplevel
+      console.quiet_native_logs()  # TensorFlow's load-time notices
       from vit_jax.data import transforms  # pylint: disable=import-outside-toplevel
       return transforms.preprocess_tf(image, self.preprocessing)
     return pp.preprocess_pil(image, self.preprocessing)
@@ -269,8 +271,9 @@ def _assumed(src: str, pre: pp.Preprocessing, what: str) -> pp.Preprocessing:
   """``pre``, with the one warning that says it was assumed."""
   warnings.warn(
       f"{src}: the file does not say how images must be prepared for these "
-      f"weights; assuming {what}: {pre.summary()}. State it with model_name="
-      f"<the timm name> (its pretrained record) or preprocessing="
+      f"weights; assuming {what}: {pre.summary()}. State it with the name "
+      f"of the weights, model_name='<name>.<tag>' (its pretrained record; "
+      f"vit_jax.list_models(pretrained=True)), or preprocessing="
       f"Preprocessing(...) (in the CLIs: --model).", GuessWarning,
       stacklevel=_outside_this_package())
   return pre
@@ -392,8 +395,10 @@ def _from_name(name) -> Optional[pp.Preprocessing]:
   the architecture's default weights'), else its family's; None for other
   names."""
   from vit_jax.weights import layouts, pretrained  # pylint: disable=import-outside-toplevel
-  if name and pretrained.is_name(name) and not name.startswith(
-      tuple(models.VARIANTS)):
+  # A tag names the weights (vit_b_16.tv_in1k too); our bare variant names
+  # name no weights, so they give no recipe.
+  if name and pretrained.is_name(name) and (
+      "." in name or name not in models.VARIANTS):
     try:
       return pretrained.lookup(name).preprocessing()
     except pretrained.UnknownName:
@@ -420,7 +425,8 @@ def _from_arrays(arrays, meta, name, kw, src, given=None) -> Loaded:
   elif layout == "torchvision":
     pre = _assumed(src, pp.default_for(None, layout),
                    "torchvision's IMAGENET1K_V1 recipe (its SWAG weights "
-                   "resize bicubic, without a crop margin)")
+                   "resize bicubic, without a crop margin; name them "
+                   "model_name='vit_b_16.tv_swag_e2e_in1k' and the like)")
   else:
     pre = _assumed(src, pp.default_for(None, layout),
                    "Google's ViT recipe (mean and std 0.5)")
