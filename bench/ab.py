@@ -112,8 +112,10 @@ def main(argv=None):
   p.add_argument("--wait-quiet", type=float, default=0.0, metavar="SECONDS")
   p.add_argument("--config", action="append", required=True)
   machine.add_gemm_args(p)
+  machine.add_isa_arg(p)
   p.add_argument("--json", action="store_true")
   args = p.parse_args(argv)
+  isa_line = machine.set_isa(args.isa)
   cs = [parse_config(c) for c in args.config]
   workload = harness.Workload(name=args.model, mode=args.mode,
                               dtype=args.dtype, batch=args.batch,
@@ -124,7 +126,9 @@ def main(argv=None):
                     wait_quiet_s=args.wait_quiet, cpus=args.cpus)
   res["gemms"] = machine.gemms_for(args, args.model, args.batch,
                                    args.image_size, dtypes=(args.dtype,))
-  print(format_table(res, cs[0].label, args.rounds))
+  res["isa"], res["isa_line"] = args.isa, isa_line
+  table = format_table(res, cs[0].label, args.rounds).split("\n", 1)
+  print("\n".join([table[0], isa_line] + table[1:]))
   if args.json:
     print(json.dumps(res))
   return res

@@ -94,6 +94,7 @@ def build_parser() -> argparse.ArgumentParser:
   p.add_argument("--no-torch", action="store_true",
                  help="time the JAX side only")
   machine.add_gemm_args(p)
+  machine.add_isa_arg(p)
   p.add_argument("--json", action="store_true",
                  help="print one JSON object (the table goes to stderr)")
   return p
@@ -164,8 +165,19 @@ def format_table(rec: dict) -> str:
   gflop = rec["gflop_per_image"]
   w = res["workload"]
   best = machine.roofline(rec.get("gemms"), w["dtype"])
+  isa = (rec.get("machine") or {}).get("isa", {})
+  no_bf16 = w["dtype"] == "bfloat16" and not (
+      isa.get("AVX512-BF16") or isa.get("AMX-BF16"))
   lines = [
       machine.describe(rec["machine"]),
+      rec.get("isa_line", ""),
+      ("bfloat16 on a CPU without bf16 arithmetic: vit_jax runs the dense "
+       "layers' GEMMs in float32 here (kernels.choose_dense: 'f32_cpu'); "
+       "float32 is the faster choice on this CPU." if no_bf16 else
+       "bfloat16 emulated AVX2: XLA's bf16 GEMM kernels still use the CPU's "
+       "AVX512-BF16 (they do not follow --xla_cpu_max_isa), so bf16 numbers "
+       "here are not an AVX2 CPU's." if w["dtype"] == "bfloat16" and
+       rec.get("isa") == "avx2" and isa.get("AVX512-BF16") else ""),
       f"{w['name']}  {w['mode']}  {w['dtype']}  batch {w['batch']}  "
       f"{w['image_size']}x{w['image_size']}  |  {rec['rounds']} alternating "
       f"rounds, {res['cpu_count']} CPUs, load avg {res['load_avg_1m']:.1f}  "
@@ -229,6 +241,7 @@ def format_table(rec: dict) -> str:
 def main(argv=None):
   console.quiet_native_logs()
   args = build_parser().parse_args(argv)
+  isa_line = machine.set_isa(args.isa)
   workload = harness.Workload(
       name=args.model, mode=args.mode, dtype=args.dtype, batch=args.batch,
       image_size=args.image_size, warmup=args.warmup)
@@ -239,6 +252,7 @@ def main(argv=None):
                     reference=None if args.no_torch else "torch")
   rec = summarise(res, workload, machine.gemms_for(args, workload.name, workload.batch,
                                     workload.image_size))
+  rec["isa"], rec["isa_line"] = args.isa, isa_line
   return harness.emit(format_table(rec), rec, args.json)
 
 

@@ -123,6 +123,46 @@ def cpu_info() -> Dict[str, Any]:
   return info
 
 
+# --isa avx2: what caps each framework at AVX2 (and FMA) on a CPU that has
+# more, so one machine measures what an AVX2-only CPU (Zen 3, Haswell..)
+# would run. Children of the run inherit it (contestants, GEMM probes).
+ISAS = ("native", "avx2")
+EMULATE_AVX2 = {
+    "XLA_FLAGS": "--xla_cpu_max_isa=AVX2",  # JAX
+    "ATEN_CPU_CAPABILITY": "avx2",  # torch's own kernels
+    "ONEDNN_MAX_CPU_ISA": "AVX2",  # torch's oneDNN (bf16, conv)
+    "MKL_ENABLE_INSTRUCTIONS": "AVX2",  # torch's float32 GEMMs
+}
+
+
+def set_isa(isa: str, info: Optional[Dict[str, Any]] = None) -> str:
+  """Caps this run's child processes at ``isa`` ('native' leaves them
+  alone) and returns the line a table prints: which ISA was real and which
+  emulated."""
+  if isa not in ISAS:
+    raise ValueError(f"--isa {isa!r}: expected one of {ISAS}")
+  info = info or cpu_info()
+  has512 = bool(info.get("isa", {}).get("AVX-512"))
+  if isa == "native":
+    return (f"ISA: native ({'AVX-512' if has512 else 'AVX2'}, real)")
+  for key, value in EMULATE_AVX2.items():
+    if key == "XLA_FLAGS":
+      value = " ".join(v for v in (os.environ.get(key, ""), value) if v)
+    os.environ[key] = value
+  if not has512:
+    return "ISA: AVX2 (real: this CPU has no AVX-512)"
+  return ("ISA: AVX2, emulated on this AVX-512 CPU (JAX: XLA_FLAGS="
+          "--xla_cpu_max_isa=AVX2; torch: ATEN_CPU_CAPABILITY=avx2 "
+          "ONEDNN_MAX_CPU_ISA=AVX2 MKL_ENABLE_INSTRUCTIONS=AVX2)")
+
+
+def add_isa_arg(p: argparse.ArgumentParser):
+  p.add_argument("--isa", choices=ISAS, default="native",
+                 help="avx2: cap both frameworks at AVX2 + FMA (emulate an "
+                      "AVX2-only CPU on an AVX-512 one); every table says "
+                      "which ISA was real and which emulated")
+
+
 def describe(info: Optional[Dict[str, Any]] = None) -> str:
   """One line naming the CPU, e.g. ``CPU: AMD EPYC (family 26, model 2:
   Zen 5), 2 CPUs | AVX-512 yes, AVX512-BF16 yes, AVX512-VNNI yes, AMX no``."""

@@ -7,7 +7,7 @@ load ~3; up to 3.5 minutes when it was busier).
 
 A small ViT trained from scratch on scikit-learn's handwritten digits: the
 offline default, no download. The data (1,797 real 8x8 grey-scale images)
-is served by the ``digits`` TFDS builder in ``vit_jax/datasets/`` with a
+is served by the ``digits`` TFDS builder in ``vit_jax/data/digits.py`` with a
 fixed stratified 1,438 / 359 train / test split, so it takes exactly the
 tfds -> tf.data path of CIFAR or ImageNet. Images are upsampled to 16x16
 and cut into 4x4 patches (each patch covers 2x2 source pixels: 16 tokens +

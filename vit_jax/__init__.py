@@ -10,7 +10,9 @@ The package is laid out by job; dependencies point one way::
 * :mod:`vit_jax.weights`: every checkpoint layout, ``weights.load``;
 * :mod:`vit_jax.train`: the training loop and what it needs;
 * :mod:`vit_jax.export`: StableHLO, SavedModel and ONNX;
-* ``convert``, ``formats``, ``inference``: thin public faces; ``predict``,
+* :func:`create_model` / :func:`list_models`: models and pretrained weights
+  by name (timm's names and tags);
+* ``convert``, ``formats``, ``inference``, ``nnx``: thin public faces; ``predict``,
   ``evaluate``, ``visualize``, ``features``, ``probe``: the CLIs
   (``python -m vit_jax.<name>``).
 
@@ -102,7 +104,63 @@ if not any(isinstance(f, _MovedFinder) for f in sys.meta_path):
   sys.meta_path.append(_MovedFinder())
 
 
+def create_model(name: str, pretrained: bool = False, *,
+                 num_classes=None, image_size=None, **options):
+  """A model by name, as timm's ``create_model``: ``(model, variables,
+  preprocessing)`` (a :class:`vit_jax.weights.Loaded`, which also has
+  ``label_names``, ``head`` and ``info['pretrained']``).
+
+      model, variables, preprocessing = vit_jax.create_model(
+          "vit_small_patch14_reg4_dinov2.lvd142m", pretrained=True)
+      logits = model.apply(variables, images, train=False)
+
+  Args:
+    name: a timm architecture, optionally with a tag
+      (``vit_base_patch16_224.augreg2_in21k_ft_in1k``; without one, its
+      default weights), one of ours (``vit_b_16``; ``vit_b_16.tv_in1k`` for
+      torchvision's release), or with ``pretrained=True`` anything
+      :func:`vit_jax.weights.load` reads (``hf-hub:org/name``, a file).
+      :func:`list_models` lists them.
+    pretrained: load the released weights (from the Hugging Face Hub, or
+      the local cache offline) and their preprocessing and labels; else a
+      random initialisation of the architecture, with the preprocessing of
+      its default weights where it has any.
+    num_classes: a head of this many classes (a fresh, zero head where the
+      weights have another one; 0: no head).
+    image_size: run at this resolution (the position embedding resampled).
+    **options: :class:`vit_jax.models.VisionTransformer` options (dtype,
+      scan_layers, dynamic_img_size, drop_path_rate...).
+  """
+  from vit_jax import weights  # pylint: disable=import-outside-toplevel
+  if pretrained:
+    loaded = weights.load(name, image_size=image_size, **options)
+    if num_classes is not None and num_classes != loaded.model.num_classes:
+      loaded = weights.with_head(loaded, num_classes)
+    return loaded
+  return weights.initial(name, num_classes=num_classes,
+                         image_size=image_size, **options)
+
+
+def list_models(pattern: str = "*", pretrained: bool = False,
+                exclude=()) -> list:
+  """Names :func:`create_model` takes that match ``pattern`` (fnmatch, as
+  timm's ``list_models``): architectures, or with ``pretrained=True``
+  every ``architecture.tag`` with released weights vit_jax loads.
+
+      vit_jax.list_models("*dinov3*", pretrained=True)
+  """
+  from vit_jax.weights import pretrained as records  # pylint: disable=import-outside-toplevel
+  return records.list_names(pattern, pretrained=pretrained, exclude=exclude)
+
+
+# Submodules reachable as attributes after a bare ``import vit_jax``
+# (``vit_jax.weights.load(...)``), imported on first use.
+SUBMODULES = ("models", "data", "weights", "train", "export", "convert",
+              "formats", "inference", "nnx", "predict", "evaluate",
+              "visualize", "features", "probe", "cli")
+
+
 def __getattr__(name):
-  if name in MOVED:  # from vit_jax import checkpoint
+  if name in MOVED or name in SUBMODULES:  # from vit_jax import checkpoint
     return importlib.import_module(f"{__name__}.{name}")
   raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -207,7 +207,8 @@ def _parser():
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
-  os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+  from vit_jax.data import console  # pylint: disable=import-outside-toplevel
+  console.quiet_native_logs()
   args = _parser().parse_args(argv)
 
   def log(line):

@@ -10,7 +10,7 @@
 
     optimizer = nnx.Optimizer(model, optax.adamw(1e-4), wrt=nnx.Param)
     # ... nnx.value_and_grad / optimizer.update(model, grads), see
-    # tests/models/test_nnx.py for a complete fine-tuning step
+    # tests/test_nnx.py for a complete fine-tuning step
 
     model_def, variables = vit_jax.nnx.to_linen(model)   # back, e.g. to save or export
 

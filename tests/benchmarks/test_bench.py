@@ -210,3 +210,25 @@ def test_same_graph_compares_lowered_programs(capsys):
                           "--image-size", "32", "--quick"]) == 0
   out = capsys.readouterr().out
   assert out.count("==") == 2 and "same program" in out
+
+
+def test_isa_avx2_caps_both_frameworks_and_says_so():
+  """--isa avx2 (in a child process: it sets the run's environment) caps
+  JAX and torch at AVX2 and the table names what was real and emulated."""
+  import subprocess  # pylint: disable=import-outside-toplevel
+  p = subprocess.run(
+      [sys.executable, os.path.join(REPO, "bench", "bench.py")] + TINY +
+      ["--isa", "avx2", "--json"], cwd=REPO, capture_output=True, text=True,
+      timeout=600)
+  assert p.returncode == 0, p.stderr[-3000:]
+  rec = json.loads(p.stdout.strip().splitlines()[-1])
+  has512 = machine.cpu_info()["isa"].get("AVX-512")
+  assert rec["isa"] == "avx2"
+  assert ("emulated on this AVX-512 CPU" in rec["isa_line"]) == bool(has512)
+  assert rec["isa_line"] in p.stderr  # the table printed with the result
+  got = {c: v["info"]["isa_env"] for c, v in
+         rec["details"]["contestants"].items()}
+  assert "--xla_cpu_max_isa=AVX2" in got["jax"]["XLA_FLAGS"]
+  assert got["torch"]["ATEN_CPU_CAPABILITY"] == "avx2"
+  assert got["torch"]["ONEDNN_MAX_CPU_ISA"] == "AVX2"
+  assert rec["jax_img_per_sec"] > 0 and rec["torch_img_per_sec"] > 0

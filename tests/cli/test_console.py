@@ -86,6 +86,16 @@ def test_every_cli_starts_with_our_own_lines(tmp_path):
   p = _run([PYTHON, "-m", "vit_jax.visualize", "--checkpoint", str(run),
             "--out", str(tmp_path / "pictures"), image])
   assert p.stdout.startswith(str(tmp_path / "pictures"))
+  feats = str(tmp_path / "feats.npz")
+  p = _run([PYTHON, "-m", "vit_jax.features", "--checkpoint", str(run),
+            "--out", feats])
+  assert p.stdout.startswith(feats), p.stdout
+  p = _run([PYTHON, "-m", "vit_jax.probe", "--train", feats, "--test", feats,
+            "--no-linear"])
+  assert p.stdout.startswith("k-NN") or "k-NN" in p.stdout.splitlines()[1]
+  p = _run([PYTHON, "-m", "vit_jax.export", "--checkpoint", str(run),
+            "--format", "stablehlo", "--out", str(tmp_path / "m.shlo")])
+  assert p.stdout.startswith("wrote "), p.stdout
   for cmd in (["bench/bench.py", "--help"], ["bench/ab.py", "--help"]):
     p = _run([PYTHON] + cmd)
     assert p.stdout.startswith("usage: ") and p.stderr == ""

@@ -181,26 +181,70 @@ def test_attention_choice_per_backend(backend, dtype, head_dim, kw, want):
   assert kernels.choose_attention(backend, dtype, head_dim, **kw) == want
 
 
-@pytest.mark.parametrize("backend, dtype, want", [
-    ("cpu", jnp.float32, "plain"),
-    ("cpu", jnp.bfloat16, "low_cpu"),
-    ("cpu", jnp.float16, "low_cpu"),
-    ("gpu", jnp.bfloat16, "low"),
-    ("cuda", jnp.float16, "low"),
-    ("tpu", jnp.bfloat16, "low"),
-    ("gpu", jnp.float32, "plain"),
-    ("tpu", jnp.float32, "plain"),
+@pytest.mark.parametrize("backend, dtype, bf16_hardware, want", [
+    ("cpu", jnp.float32, True, "plain"),
+    ("cpu", jnp.float32, False, "plain"),
+    ("cpu", jnp.bfloat16, True, "low_cpu"),
+    ("cpu", jnp.float16, True, "low_cpu"),
+    ("cpu", jnp.bfloat16, False, "f32_cpu"),
+    ("cpu", jnp.float16, False, "f32_cpu"),
+    ("gpu", jnp.bfloat16, False, "low"),
+    ("cuda", jnp.float16, True, "low"),
+    ("tpu", jnp.bfloat16, True, "low"),
+    ("gpu", jnp.float32, True, "plain"),
+    ("tpu", jnp.float32, True, "plain"),
 ])
-def test_dense_choice_per_backend(backend, dtype, want):
-  """Which dense form each backend would run, asked on a CPU machine."""
-  assert kernels.choose_dense(backend, dtype) == want
+def test_dense_choice_per_backend_and_cpu(backend, dtype, bf16_hardware,
+                                          want):
+  """Which dense form each backend (and a CPU with or without bf16
+  arithmetic) would run, asked on whatever machine runs the test."""
+  assert kernels.choose_dense(backend, dtype, bf16_hardware) == want
 
 
-def test_dense_backward_layout_per_backend():
+def test_bf16_without_bf16_hardware_runs_float32_gemms(monkeypatch):
+  """On an AVX2-only CPU the bf16 dense layer computes its GEMMs in float32
+  on the bf16 values: the same products as the bf16 path (to bf16
+  rounding), float32 parameter gradients, and one warning that says so."""
+  import warnings  # pylint: disable=import-outside-toplevel
+  rng = np.random.default_rng(0)
+  x = jnp.asarray(rng.standard_normal((3, 7, 48)), jnp.bfloat16)
+  w = jnp.asarray(rng.standard_normal((48, 40)) * 0.1, jnp.float32)
+  b = jnp.asarray(rng.standard_normal((40,)), jnp.float32)
+
+  def run():
+    f = lambda x, w, b: kernels.dense(x, w, b, backend="cpu").astype(  # noqa: E731
+        jnp.float32).sum()
+    return kernels.dense(x, w, b, backend="cpu"), jax.grad(f, (0, 1, 2))(
+        x, w, b)
+
+  monkeypatch.setattr(kernels, "cpu_has_bf16", lambda: True)
+  y_low, g_low = run()
+  monkeypatch.setattr(kernels, "cpu_has_bf16", lambda: False)
+  monkeypatch.setattr(kernels, "_WARNED", [])
+  with warnings.catch_warnings(record=True) as seen:
+    warnings.simplefilter("always")
+    y32, g32 = run()
+    run()
+  said = [w for w in seen if "without bf16 arithmetic" in str(w.message)]
+  assert len(said) == 1 and "dtype=float32" in str(said[0].message)
+  assert y32.dtype == jnp.bfloat16 and g32[1].dtype == jnp.float32
+  np.testing.assert_allclose(np.asarray(y32, np.float32),
+                             np.asarray(y_low, np.float32), rtol=1e-2,
+                             atol=1e-2)
+  for a, c in zip(g32, g_low):
+    np.testing.assert_allclose(np.asarray(a, np.float32),
+                               np.asarray(c, np.float32), rtol=2e-2, atol=2e-2)
+  jaxpr = str(jax.make_jaxpr(lambda x: kernels.dense(x, w, b, backend="cpu"))(
+      x))
+  assert "bf16" not in jaxpr.split("dot_general")[1].split("\n")[0]
+
+
+def test_dense_backward_layout_per_backend(monkeypatch):
   """The CPU form materialises a transpose for the kernel gradient (XLA:CPU's
   bf16 library takes only row-major GEMMs); the form for other backends
   hands the transposed contraction to the dot and copies nothing. Both keep
-  every GEMM's operands bf16."""
+  every GEMM's operands bf16 (a CPU with bf16 arithmetic)."""
+  monkeypatch.setattr(kernels, "cpu_has_bf16", lambda: True)
   x = jnp.zeros((2, 5, 32), jnp.bfloat16)
   w, b = jnp.zeros((32, 64)), jnp.zeros((64,))
 

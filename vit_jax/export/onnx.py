@@ -9,7 +9,7 @@ against JAX on a random batch (:func:`check_twin`), behind a layer that
 takes NHWC images; ``torch.onnx.export`` (the ``torch.export``-based
 exporter) writes the graph with symbolic batch (and, with preprocessing,
 height and width) dimensions. This route was measured against jax2onnx
-(README: Deploying): the same parity, a graph onnxruntime runs faster, and no
+(docs/export.md): the same parity, a graph onnxruntime runs faster, and no
 conflicting pins (jax2onnx requires orbax-checkpoint < 0.11.37).
 
 The preprocessing is the same code as the JAX artifacts'

@@ -19,7 +19,7 @@ Against PIL: the same geometry and filters (bilinear = triangle, bicubic =
 Keys a=-0.5, lanczos = Lanczos-3, stretched when shrinking), but one float
 resampling clipped to [0, 255], where PIL resamples in two passes and rounds
 (and clips) to uint8 after each; rounding here would make an artifact's
-output jump between runtimes at ties. README (Deploying) has the measured
+output jump between runtimes at ties. docs/export.md has the measured
 difference.
 """
 

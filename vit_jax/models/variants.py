@@ -60,7 +60,8 @@ def decode_variant(name: str) -> Variant:
     raise ValueError(
         f"Unknown ViT variant {name!r}: expected 'vit_{{size}}_{{patch}}' with "
         f"size one of {sorted(SIZES)} (e.g. 'vit_b_16'), or big_vision's "
-        f"'B/16'. Registered: {', '.join(VARIANTS)}.")
+        f"'B/16', or a timm architecture name (vit_jax.list_models() lists "
+        f"them). Registered: {', '.join(VARIANTS)}.")
   size, patch = m.group(1).lower(), int(m.group(2))
   if patch <= 0:
     raise ValueError(f"Patch size must be positive in {name!r}.")
@@ -99,12 +100,19 @@ def get_model(name_or_arch: Union[str, Variant, Mapping[str, Any]],
   """The one constructor: a name or an architecture -> a linen Module.
 
   ``name_or_arch`` is a variant name (``vit_b_16``, big_vision's ``B/16``),
+  a timm architecture name (``vit_small_patch14_reg4_dinov2``,
+  ``eva02_tiny_patch14_224``: the architecture timm builds by default, its
+  classes and image size included; :func:`vit_jax.list_models` lists them),
   a :class:`Variant`, or a mapping of :class:`VisionTransformer` fields (an
   architecture, e.g. what :func:`vit_jax.weights.arch_of` reads from a
   tree). Any field can be overridden, e.g. ``get_model("vit_b_16",
   num_classes=10, drop_path_rate=0.1, dtype=jnp.bfloat16)``.
   """
-  if isinstance(name_or_arch, str):
+  timm_arch = (timm_architecture(name_or_arch)
+               if isinstance(name_or_arch, str) else None)
+  if timm_arch is not None:
+    kwargs = timm_arch
+  elif isinstance(name_or_arch, str):
     kwargs = decode_variant(name_or_arch).as_kwargs()
   elif isinstance(name_or_arch, Variant):
     kwargs = name_or_arch.as_kwargs()
@@ -131,6 +139,16 @@ def get_model(name_or_arch: Union[str, Variant, Mapping[str, Any]],
     if isinstance(kwargs.get(key), list):
       kwargs[key] = tuple(kwargs[key])
   return VisionTransformer(**kwargs)
+
+
+def timm_architecture(name: str) -> Optional[dict]:
+  """The fields of timm's architecture ``name`` (``vit_base_patch16_224``;
+  a ``.tag`` is ignored), as timm builds it by default (its classes and
+  image size included), or None for a name that is not one. The table is
+  generated from timm (:mod:`vit_jax.weights.pretrained`)."""
+  from vit_jax.models import _timm_archs  # pylint: disable=import-outside-toplevel
+  record = _timm_archs.ARCHS.get(str(name).split(".", 1)[0])
+  return None if record is None else dict(record)
 
 
 def from_record(name: str, fields: Mapping[str, Any],

@@ -30,7 +30,7 @@ import numpy as np
 
 from vit_jax import models, weights
 from vit_jax.data import preprocessing as pp
-from vit_jax.weights import files, trees
+from vit_jax.weights import files, pretrained, trees
 from vit_jax.weights.check import check_keys
 
 # VisionTransformer fields a training config sets even when the weights give
@@ -88,18 +88,26 @@ def load_initial_weights(config) -> Optional[InitialWeights]:
     return None
   source = source_of(config.init_weights)
   stated = {k: config.model[k] for k in _STATED if k in config.model}
+  named = not os.path.exists(source) and pretrained.is_name(source)
+  if named:  # released weights by name: the record says where and what
+    rec = pretrained.lookup(source)
+    source = rec.source
   # The name decides what the keys cannot (a timm state dict's activation,
   # torchvision's released weights); a Hugging Face directory says itself.
   by_name = not (source.startswith(files.HF_PREFIXES) or os.path.isdir(source))
-  name = config.model_name if by_name else None
+  name = rec.architecture if named else (
+      config.model_name if by_name else None)
   size = int(config.image_size)
   if not (os.path.exists(source) or source.startswith(
       files.HF_PREFIXES + ("torchvision:",))):
     raise weights.CheckpointError(
         f"config.init_weights={source!r}: no such file or directory. Expected "
-        f"{weights.SUPPORTED}, a torchvision weights name such as "
-        f"'IMAGENET1K_V1', or '' to train from scratch.")
-  if files.needs_torch(source):
+        f"{weights.SUPPORTED}, a pretrained name "
+        f"(vit_jax.list_models(pretrained=True)), a torchvision weights name "
+        f"such as 'IMAGENET1K_V1', or '' to train from scratch.")
+  if named and not files.needs_torch(source):
+    loaded = weights.load(rec.name, image_size=size, **stated)
+  elif files.needs_torch(source):
     with tempfile.TemporaryDirectory(prefix="vit_jax_init_") as d:
       out = os.path.join(d, "init_weights.safetensors")
       _convert_in_child(source, out, name, size, stated)

@@ -130,6 +130,8 @@ class Loaded:
       return naflex.preprocess(image, self.preprocessing,
                                self.model.patch_size)
     if self.use_training_pipeline:
+      from vit_jax.data import console  # pylint: disable=import-outside-toplevel
+      console.quiet_native_logs()  # TensorFlow's load-time notices
       from vit_jax.data import transforms  # pylint: disable=import-outside-toplevel
       return transforms.preprocess_tf(image, self.preprocessing)
     return pp.preprocess_pil(image, self.preprocessing)
@@ -194,6 +196,55 @@ def load(source, *, model_name: Optional[str] = None, image_size=None,
   return loaded
 
 
+def with_head(loaded: Loaded, num_classes: int) -> Loaded:
+  """``loaded`` with a fresh head of ``num_classes`` (zeros: the start of
+  fine-tuning; 0 removes it). The backbone's variables are the same
+  arrays."""
+  num_classes = int(num_classes)
+  model = loaded.model.clone(num_classes=num_classes)
+  variables = trees.wrap(dict(loaded.variables))
+  params = dict(variables["params"])
+  params.pop("head", None)
+  if num_classes:
+    width = (model.representation_size or model.hidden_size)
+    params["head"] = {"kernel": np.zeros((width, num_classes), np.float32),
+                      "bias": np.zeros((num_classes,), np.float32)}
+  head = "classes" if num_classes else "none"
+  return dataclasses.replace(
+      loaded, model=model, variables=dict(variables, params=params),
+      label_names=None, head=head,
+      description=loaded.description + f" -> a new {num_classes}-class head")
+
+
+def initial(name: str, *, num_classes=None, image_size=None,
+            seed: int = 0, **options) -> Loaded:
+  """A randomly initialised model of the architecture ``name`` (ours or
+  timm's, a tag allowed), with the preprocessing of its pretrained record
+  where it has one."""
+  from vit_jax.weights import pretrained  # pylint: disable=import-outside-toplevel
+  kw = dict(options)
+  if num_classes is not None:
+    kw["num_classes"] = int(num_classes)
+  if image_size is not None:
+    kw["image_size"] = image_size
+  base = str(name).split(".", 1)[0]
+  model = models.get_model(base, **kw)
+  variables = models.init_params(model, int(models.pair(
+      model.image_size or 224)[0]), seed=seed)
+  try:
+    rec = pretrained.lookup(name)
+    pre = rec.preprocessing()
+  except pretrained.UnknownName:
+    rec, pre = None, pp.default_for(None, "timm")
+  size = models.pair(model.image_size or 224)
+  pre = pre.resized(size[0]) if size[0] == size[1] else pre
+  return Loaded(model, variables, pre, None,
+                f"{base} (random initialisation): "
+                f"{trees.describe(_record(model))}", "init",
+                head="classes" if model.num_classes else "none",
+                info={"pretrained": rec.as_dict()} if rec else {})
+
+
 def _record(model) -> dict:
   """The model's architecture and its head's width, as described."""
   return dict(models.arch_record(model), num_classes=model.num_classes)
@@ -247,8 +298,9 @@ def _assumed(src: str, pre: pp.Preprocessing, what: str) -> pp.Preprocessing:
   """``pre``, with the one warning that says it was assumed."""
   warnings.warn(
       f"{src}: the file does not say how images must be prepared for these "
-      f"weights; assuming {what}: {pre.summary()}. State it with model_name="
-      f"<the timm name> (its pretrained record) or preprocessing="
+      f"weights; assuming {what}: {pre.summary()}. State it with the name "
+      f"of the weights, model_name='<name>.<tag>' (its pretrained record; "
+      f"vit_jax.list_models(pretrained=True)), or preprocessing="
       f"Preprocessing(...) (in the CLIs: --model).", GuessWarning,
       stacklevel=_outside_this_package())
   return pre
@@ -303,8 +355,19 @@ def _load(src: str, name, image_size, num_heads, overrides,
   if src.startswith(files.HF_PREFIXES):
     return _load_dir(files.hub_dir(src), name, kw, src, given)
   if not os.path.exists(src):
+    from vit_jax.weights import pretrained  # pylint: disable=import-outside-toplevel
+    if pretrained.is_name(src):
+      return _load_pretrained(pretrained.lookup(src), name, kw, given)
+    ext = os.path.splitext(src)[1].lower()
+    if not any(c in src for c in "/\\") and ext not in (
+        files.TORCH_EXTS + (".npz", ".safetensors")):
+      try:  # a name, not a path: say which names there are
+        pretrained.lookup(src)
+      except pretrained.UnknownName as e:
+        raise CheckpointError(str(e)) from None
     raise CheckpointError(
-        f"{src}: no such file or directory. Expected {SUPPORTED}.")
+        f"{src}: no such file or directory. Expected {SUPPORTED}, or a "
+        f"pretrained name (vit_jax.list_models(pretrained=True)).")
   if os.path.isdir(src):
     if files.is_model_dir(src):
       return _load_dir(src, name, kw, src, given)
@@ -329,9 +392,44 @@ def _load(src: str, name, image_size, num_heads, overrides,
                         f"Expected {SUPPORTED}.")
 
 
+def _load_pretrained(rec, name, kw, given) -> Loaded:
+  """Released weights by their name: the record's repo (or torchvision's
+  release), preprocessing, head and labels."""
+  if name and name.split(".", 1)[0] != rec.architecture:
+    raise CheckpointError(f"{rec.name} are weights of {rec.architecture}, "
+                          f"not of {name}.")
+  if rec.torchvision:
+    loaded = _load(rec.source, rec.architecture, kw.get("image_size"),
+                   kw.get("num_heads"),
+                   {k: v for k, v in kw.items()
+                    if k not in ("image_size", "num_heads")}, given)
+  else:
+    loaded = _load_dir(files.hub_dir(rec.source), rec.architecture, kw,
+                       rec.source, given or rec.preprocessing())
+    if rec.head == "embedding":
+      loaded.head, loaded.label_names = "embedding", None
+    elif rec.labels != "imagenet-1k" and loaded.label_names is not None and (
+        loaded.label_names == _default_labels(loaded.model.num_classes)):
+      loaded.label_names = None  # not ImageNet-1k's classes after all
+    loaded.description = f"{rec.name} ({rec.hub}): " + (
+        loaded.description.split(": ", 1)[-1])
+  loaded.info["pretrained"] = rec.as_dict()
+  return loaded
+
+
 def _from_name(name) -> Optional[pp.Preprocessing]:
-  """The recipe a timm name's record gives (None for other names)."""
-  from vit_jax.weights import layouts  # pylint: disable=import-outside-toplevel
+  """The recipe a timm name gives: its pretrained record's (the tag's, or
+  the architecture's default weights'), else its family's; None for other
+  names."""
+  from vit_jax.weights import layouts, pretrained  # pylint: disable=import-outside-toplevel
+  # A tag names the weights (vit_b_16.tv_in1k too); our bare variant names
+  # name no weights, so they give no recipe.
+  if name and pretrained.is_name(name) and (
+      "." in name or name not in models.VARIANTS):
+    try:
+      return pretrained.lookup(name).preprocessing()
+    except pretrained.UnknownName:
+      pass
   if name and layouts.parse_timm_name(name) is not None:
     return pp.from_timm_cfg(_timm_cfg(name))
   return None
@@ -354,7 +452,8 @@ def _from_arrays(arrays, meta, name, kw, src, given=None) -> Loaded:
   elif layout == "torchvision":
     pre = _assumed(src, pp.default_for(None, layout),
                    "torchvision's IMAGENET1K_V1 recipe (its SWAG weights "
-                   "resize bicubic, without a crop margin)")
+                   "resize bicubic, without a crop margin; name them "
+                   "model_name='vit_b_16.tv_swag_e2e_in1k' and the like)")
   else:
     pre = _assumed(src, pp.default_for(None, layout),
                    "Google's ViT recipe (mean and std 0.5)")

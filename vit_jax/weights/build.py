@@ -80,6 +80,7 @@ def check_name(arch: Mapping[str, Any], name: str,
   and resolutions under the same name."""
   if layouts.parse_timm_name(name) is not None:
     return
+  name = str(name).split(".", 1)[0]  # vit_b_16.tv_in1k: weights of vit_b_16
   try:
     v = models.decode_variant(name)
   except ValueError as e:
@@ -230,7 +231,8 @@ def _named(name: Optional[str]) -> Dict[str, Any]:
   if parsed:
     return {"patch_size": parsed["patch_size"], "hidden_size": parsed["width"]}
   try:
-    return models.decode_variant(name).as_kwargs() if name else {}
+    return (models.decode_variant(name.split(".", 1)[0]).as_kwargs()
+            if name else {})
   except ValueError:
     return {}
 

@@ -1,0 +1,226 @@
+"""Pretrained weights by name, as timm users expect: ``list_models``,
+``create_model(name, pretrained=True)`` from a local Hub cache laid out as
+the Hub lays it out (one model of each family), the record of each tag
+(hub repo, preprocessing, labels, license) equal to timm's, timm's
+architecture names in ``get_model``, and names everywhere weights go."""
+
+import json
+import os
+import subprocess
+
+import jax
+import numpy as np
+import pytest
+import timm
+import torch
+
+import hf_cache
+import vit_jax
+from compare import assert_close_rel, images, random_timm, timm_logits
+from train_helpers import PYTHON, REPO, env
+from vit_jax import models, weights
+from vit_jax.data import labels
+from vit_jax.weights import pretrained, saving
+
+# One released tag per family: (name, timm kwargs of a small stand-in).
+FAMILIES = [
+    ("vit_tiny_patch16_224.augreg_in21k_ft_in1k", {}),
+    ("deit3_small_patch16_224.fb_in1k", {}),
+    ("vit_small_patch14_reg4_dinov2.lvd142m", {}),
+    ("vit_base_patch16_clip_224.openai", {}),
+    ("vit_base_patch16_siglip_224.webli", {}),
+    ("vit_small_patch16_dinov3.lvd1689m", {}),
+    ("eva02_tiny_patch14_224.mim_in22k", {}),
+    ("vit_pe_core_tiny_patch16_384.fb", {}),
+    ("aimv2_large_patch14_224.apple_pt", {}),
+    ("deit_tiny_distilled_patch16_224.fb_in1k", {}),
+]
+
+
+def test_list_models_like_timm():
+  archs = vit_jax.list_models()
+  assert "vit_b_16" in archs and "vit_base_patch16_224" in archs
+  assert "vit_small_patch16_dinov3" in archs and len(archs) > 150
+  tags = vit_jax.list_models("*dinov3*", pretrained=True)
+  assert "vit_small_patch16_dinov3.lvd1689m" in tags
+  assert all("dinov3" in t and "." in t for t in tags)
+  assert vit_jax.list_models("vit_base_patch16_224*", pretrained=True,
+                             exclude=["*in21k*"]) == sorted(
+      t for t in vit_jax.list_models("vit_base_patch16_224.*", pretrained=True)
+      if "in21k" not in t)
+  assert "vit_b_16.tv_in1k" in vit_jax.list_models("vit_b_*", pretrained=True)
+  for name, _ in FAMILIES:
+    assert name in vit_jax.list_models(pretrained=True), name
+
+
+def test_records_are_timms():
+  """A sample here; the whole table against timm in the slow test below."""
+  from timm.models import get_pretrained_cfg  # pylint: disable=import-outside-toplevel
+  for name, _ in FAMILIES:
+    rec, cfg = pretrained.lookup(name), get_pretrained_cfg(name).to_dict()
+    assert rec.hub == cfg["hf_hub_id"]
+    assert (rec.mean, rec.std) == (tuple(cfg["mean"]), tuple(cfg["std"]))
+    assert rec.crop_pct == cfg["crop_pct"] and rec.num_classes == cfg[
+        "num_classes"]
+    assert rec.input_size == tuple(cfg["input_size"])
+    assert rec.license == cfg.get("license")
+  assert pretrained.lookup("vit_base_patch16_clip_224.openai").head == "embedding"
+  assert pretrained.lookup("vit_small_patch16_dinov3.lvd1689m").head == "none"
+  rec = pretrained.lookup("vit_base_patch16_224.augreg_in21k")
+  assert rec.labels == "imagenet-21k-goog" and rec.num_classes == 21843
+  assert pretrained.lookup("vit_base_patch16_224").name == (
+      timm.models.get_pretrained_cfg("vit_base_patch16_224").to_dict()[
+          "architecture"] + "." +
+      timm.models.get_pretrained_cfg("vit_base_patch16_224").tag)
+  pre = pretrained.lookup("vit_base_patch16_siglip_224.webli").preprocessing()
+  assert (pre.crop_size, pre.resize_size) == (224, 248)  # crop_pct 0.9
+
+
+@pytest.mark.slow
+def test_the_tables_are_timms_today():
+  archs, records = pretrained.generate()
+  from vit_jax.models import _timm_archs  # pylint: disable=import-outside-toplevel
+  from vit_jax.weights import _pretrained_cfgs  # pylint: disable=import-outside-toplevel
+  assert archs == _timm_archs.ARCHS, "python -m vit_jax.weights.pretrained --write"
+  assert records == _pretrained_cfgs.PRETRAINED
+
+
+@pytest.mark.parametrize("name", [
+    "vit_base_patch16_224", "vit_small_patch14_reg4_dinov2",
+    "vit_so400m_patch14_siglip_384", "vit_small_plus_patch16_dinov3",
+    "eva02_base_patch14_448", "vit_pe_core_gigantic_patch14_448",
+    "aimv2_large_patch14_224", "deit_tiny_distilled_patch16_224",
+    "vit_base_patch16_clip_quickgelu_224"])
+def test_get_model_builds_timms_architectures(name):
+  """timm's names in the one constructor: the parameter count of timm's
+  own model (meta device; ours by eval_shape: nothing allocated)."""
+  with torch.device("meta"):
+    ref = timm.create_model(name, pretrained=False)
+  want = sum(p.numel() for p in ref.parameters())
+  model = models.get_model(name)
+  size = models.pair(model.image_size)
+  shapes = jax.eval_shape(lambda: model.init(
+      jax.random.key(0), jax.numpy.zeros((1, *size, 3)), train=False))
+  got = sum(int(np.prod(x.shape)) for x in jax.tree_util.tree_leaves(
+      shapes["params"]))
+  assert got == want, (name, got, want)
+
+
+@pytest.fixture(scope="module")
+def hub(tmp_path_factory):
+  """A local Hub cache with a timm repo (config.json + model.safetensors)
+  for one tag of each family, random small stand-ins of the architecture
+  under the record's repo id."""
+  cache = tmp_path_factory.mktemp("hub")
+  nets = {}
+  for i, (name, kw) in enumerate(FAMILIES):
+    rec = pretrained.lookup(name)
+    arch = rec.architecture
+    size = 56 if "patch14" in arch else 64
+    m = random_timm(seed=i, name=arch, depth=2, size=size,
+                    num_classes=rec.num_classes, **kw)
+    if rec.head == "embedding":  # timm stores CLIP's projection so
+      with torch.no_grad():
+        m.head.bias.zero_()
+    folder = tmp_path_factory.mktemp(arch)
+    from safetensors.torch import save_file  # pylint: disable=import-outside-toplevel
+    save_file({k: v.contiguous() for k, v in m.state_dict().items()},
+              str(folder / "model.safetensors"))
+    cfg = timm.models.get_pretrained_cfg(name).to_dict()
+    (folder / "config.json").write_text(json.dumps({
+        "architecture": arch, "num_classes": rec.num_classes,
+        "pretrained_cfg": {k: cfg[k] for k in ("input_size", "crop_pct",
+                                               "interpolation", "mean",
+                                               "std") if k in cfg}}))
+    hf_cache.put(str(cache), rec.hub, str(folder))
+    nets[name] = (m, size)
+  return str(cache), nets
+
+
+@pytest.mark.parametrize("name", [n for n, _ in FAMILIES])
+def test_create_model_pretrained_from_a_local_hub_cache(hub, name,
+                                                        monkeypatch):
+  cache, nets = hub
+  hf_cache.offline(monkeypatch, cache)
+  m, size = nets[name]
+  rec = pretrained.lookup(name)
+  loaded = vit_jax.create_model(name, pretrained=True)
+  model, variables, pre = loaded
+  x = images(2, size, seed=3)
+  assert_close_rel(np.asarray(model.apply(variables, x, train=False)),
+                   timm_logits(m, x), what=name)
+  assert loaded.info["pretrained"]["hub"] == rec.hub
+  want = rec.preprocessing()  # the record's, at the stand-in's size
+  assert (pre.mean, pre.std, pre.interpolation) == (want.mean, want.std,
+                                                    want.interpolation)
+  # The weights' own size where the position embedding tells (a RoPE-only
+  # model, DINOv3, runs at any size: the record's).
+  assert pre.crop_size == (size if model.abs_pos_embed else
+                           rec.input_size[-1])
+  assert loaded.head == rec.head
+  if rec.labels == "imagenet-1k":
+    assert loaded.label_names == labels.imagenet_categories()
+  else:
+    assert loaded.label_names is None
+  if rec.head == "embedding":
+    assert loaded.num_classes == 0 and loaded.embedding_dim == rec.num_classes
+
+
+def test_names_wherever_weights_go(hub, monkeypatch, tmp_path):
+  cache, nets = hub
+  hf_cache.offline(monkeypatch, cache)
+  name = "vit_tiny_patch16_224.augreg_in21k_ft_in1k"
+  loaded = weights.load(name)  # the bare name, as a path would be
+  assert loaded.info["pretrained"]["name"] == name
+  two = vit_jax.create_model(name, pretrained=True, num_classes=3)
+  assert two.model.num_classes == 3 and two.label_names is None
+  assert not np.any(np.asarray(two.variables["params"]["head"]["kernel"]))
+  with pytest.raises(weights.CheckpointError, match=r"Close: vit_tiny_patch16"):
+    weights.load("vit_tinny_patch16_224.augreg_in21k_ft_in1k")
+  with pytest.raises(weights.CheckpointError,
+                     match=r"no pretrained weights tagged 'nope'.*augreg"):
+    weights.load("vit_tiny_patch16_224.nope")
+  # The CLIs' --checkpoint takes it too.
+  from PIL import Image  # pylint: disable=import-outside-toplevel
+  Image.fromarray(np.zeros((70, 50, 3), np.uint8)).save(tmp_path / "x.png")
+  e = env()
+  e.update(HF_HUB_OFFLINE="1", HF_HUB_CACHE=cache)
+  p = subprocess.run([PYTHON, "-m", "vit_jax.predict", "--checkpoint", name,
+                      "--top-k", "1", str(tmp_path / "x.png")], cwd=REPO,
+                     env=e, capture_output=True, text=True, timeout=300)
+  assert p.returncode == 0, p.stderr[-2000:]
+  assert p.stdout.startswith(f"== {name}: {name} (timm/{name})"), p.stdout
+
+
+def test_create_model_random_init_has_the_records_preprocessing():
+  loaded = vit_jax.create_model("vit_small_patch16_dinov3", num_classes=5,
+                                image_size=64)
+  model, variables, pre = loaded
+  assert model.num_classes == 5 and model.rope == "dinov3"
+  assert pre.mean == (0.485, 0.456, 0.406) and pre.crop_size == 64
+  out = model.apply(variables, np.zeros((1, 64, 64, 3), np.float32),
+                    train=False)
+  assert out.shape == (1, 5)
+  m, v, _ = vit_jax.create_model("vit_b_16", num_layers=1)
+  assert m.hidden_size == 768 and "head" in v["params"]
+
+
+def test_torchvision_releases_are_records():
+  rec = pretrained.lookup("vit_b_16.tv_swag_e2e_in1k")
+  assert rec.source == "torchvision:IMAGENET1K_SWAG_E2E_V1"
+  assert rec.architecture == "vit_b_16"
+
+
+def test_train_py_init_weights_takes_a_name(hub, monkeypatch):
+  """--config.init_weights=<name.tag>: the record's repo and preprocessing
+  (the model name of the config is not needed)."""
+  from train_helpers import tiny_config  # pylint: disable=import-outside-toplevel
+  from vit_jax.train import init as train_init  # pylint: disable=import-outside-toplevel
+  cache, _ = hub
+  hf_cache.offline(monkeypatch, cache)
+  name = "vit_small_patch14_reg4_dinov2.lvd142m"
+  cfg = tiny_config(init_weights=name, image_size=28)
+  init = train_init.load_initial_weights(cfg)
+  assert init.arch["hidden_size"] == 384 and init.arch["num_registers"] == 4
+  assert init.description.startswith(name)
+  assert init.preprocessing.mean == (0.485, 0.456, 0.406)

@@ -1,0 +1,291 @@
+"""Pretrained weights by name: the record of every tag vit_jax can load.
+
+    from vit_jax.weights import pretrained
+    rec = pretrained.lookup("vit_small_patch14_reg4_dinov2.lvd142m")
+    rec.hub, rec.preprocessing(), rec.labels, rec.license
+
+One record per ``architecture.tag`` (timm's names and tags): the Hugging
+Face repo holding the weights, how images must be prepared for them (input
+size, crop, interpolation, mean, std, as timm's ``pretrained_cfg``), what
+the head gives (a label set's classes, an embedding, or nothing), and the
+license. The records are generated from timm's own ``pretrained_cfg``s for
+every architecture the weights layer maps (``python -m
+vit_jax.weights.pretrained --write``, which also writes the architectures
+themselves into :mod:`vit_jax.models`), and a test keeps them equal to
+timm's; at run time neither timm nor the network is needed to read them.
+torchvision's released weights are records too (``vit_b_16.tv_in1k``).
+
+:func:`vit_jax.create_model` and :func:`vit_jax.weights.load` use them;
+:func:`list_names` is :func:`vit_jax.list_models`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import fnmatch
+import sys
+from typing import Any, Dict, List, Optional, Sequence, Tuple
+
+from vit_jax.data import preprocessing as pp
+from vit_jax.models import _timm_archs
+from vit_jax.weights import _pretrained_cfgs
+
+# torchvision's released ViT weights, under timm-style tags (the enum's
+# preprocessing is read from torchvision when they are loaded).
+TORCHVISION = {
+    "vit_b_16.tv_in1k": "IMAGENET1K_V1",
+    "vit_b_16.tv_swag_e2e_in1k": "IMAGENET1K_SWAG_E2E_V1",
+    "vit_b_16.tv_swag_linear_in1k": "IMAGENET1K_SWAG_LINEAR_V1",
+    "vit_b_32.tv_in1k": "IMAGENET1K_V1",
+    "vit_l_16.tv_in1k": "IMAGENET1K_V1",
+    "vit_l_16.tv_swag_e2e_in1k": "IMAGENET1K_SWAG_E2E_V1",
+    "vit_l_16.tv_swag_linear_in1k": "IMAGENET1K_SWAG_LINEAR_V1",
+    "vit_l_32.tv_in1k": "IMAGENET1K_V1",
+    "vit_h_14.tv_swag_e2e_in1k": "IMAGENET1K_SWAG_E2E_V1",
+    "vit_h_14.tv_swag_linear_in1k": "IMAGENET1K_SWAG_LINEAR_V1",
+}
+
+
+class UnknownName(ValueError):
+  """A name that is neither an architecture nor a pretrained tag."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Pretrained:
+  """One set of released weights: where they are and what they expect."""
+
+  name: str  # architecture.tag
+  hub: Optional[str]  # Hugging Face repo id (None: torchvision's release)
+  filename: Optional[str]  # the repo's weights file where not the default
+  input_size: Tuple[int, int, int]
+  crop_pct: float
+  crop_mode: str
+  interpolation: str
+  mean: Tuple[float, float, float]
+  std: Tuple[float, float, float]
+  num_classes: int
+  labels: Optional[str]  # the label set: 'imagenet-1k', 'imagenet-21k-goog'...
+  license: Optional[str]
+  torchvision: Optional[str] = None  # torchvision's weights name
+
+  @property
+  def architecture(self) -> str:
+    return self.name.split(".", 1)[0]
+
+  @property
+  def tag(self) -> str:
+    return self.name.split(".", 1)[1]
+
+  @property
+  def head(self) -> str:
+    """'classes' (a label set), 'embedding' (a projection, e.g. CLIP's),
+    or 'none'."""
+    if not self.num_classes:
+      return "none"
+    return "classes" if self.labels else "embedding"
+
+  @property
+  def source(self) -> str:
+    """What :func:`vit_jax.weights.load` reads them from."""
+    if self.torchvision:
+      return f"torchvision:{self.torchvision}"
+    return f"hf-hub:{self.hub}"
+
+  def preprocessing(self) -> pp.Preprocessing:
+    return pp.from_timm_cfg(dict(
+        input_size=self.input_size, crop_pct=self.crop_pct,
+        crop_mode=self.crop_mode, interpolation=self.interpolation,
+        mean=self.mean, std=self.std))
+
+  def as_dict(self) -> Dict[str, Any]:
+    return dataclasses.asdict(self)
+
+
+def _records() -> Dict[str, Pretrained]:
+  out = {name: Pretrained(name=name, **cfg)
+         for name, cfg in _pretrained_cfgs.PRETRAINED.items()}
+  for name, weights in TORCHVISION.items():
+    out[name] = Pretrained(
+        name=name, hub=None, filename=None, input_size=(3, 224, 224),
+        crop_pct=0.875, crop_mode="center", interpolation="bilinear",
+        mean=pp.IMAGENET_MEAN, std=pp.IMAGENET_STD, num_classes=1000,
+        labels="imagenet-1k", license="bsd-3-clause", torchvision=weights)
+  return out
+
+
+_RECORDS = _records()
+# The default tag of an architecture: timm's first (its best weights).
+_DEFAULT = {}
+for _name in _RECORDS:
+  _DEFAULT.setdefault(_name.split(".", 1)[0], _name)
+
+
+def architectures() -> List[str]:
+  """Every architecture name vit_jax builds from a timm name (and ours)."""
+  from vit_jax import models  # pylint: disable=import-outside-toplevel
+  return sorted(set(_timm_archs.ARCHS) | set(models.VARIANTS))
+
+
+def is_name(name: str) -> bool:
+  """Whether ``name`` is a known architecture or ``architecture.tag``."""
+  base = str(name).split(".", 1)[0]
+  return name in _RECORDS or (("." not in name) and (
+      base in _timm_archs.ARCHS or base in _DEFAULT))
+
+
+def lookup(name: str) -> Pretrained:
+  """The record of ``architecture.tag``, or of an architecture's default
+  tag; an :class:`UnknownName` error suggests the closest names."""
+  name = str(name)
+  if name in _RECORDS:
+    return _RECORDS[name]
+  if "." not in name and name in _DEFAULT:
+    return _RECORDS[_DEFAULT[name]]
+  base = name.split(".", 1)[0]
+  if base in _DEFAULT or base in _timm_archs.ARCHS:
+    tags = [n for n in _RECORDS if n.startswith(base + ".")]
+    raise UnknownName(
+        f"{name!r}: {base} has no pretrained weights tagged "
+        f"{name.split('.', 1)[1] if '.' in name else ''!r} that vit_jax "
+        f"knows; its tags: {', '.join(tags) or 'none'}.")
+  close = difflib.get_close_matches(name, list(_RECORDS) + architectures(),
+                                    n=5, cutoff=0.6)
+  raise UnknownName(
+      f"{name!r} is not a name vit_jax knows (list them with "
+      f"vit_jax.list_models('*pattern*', pretrained=True))."
+      + (f" Close: {', '.join(close)}." if close else "")
+      + " A Hugging Face repo loads as 'hf-hub:org/name'.")
+
+
+def list_names(pattern: str = "*", pretrained: bool = False,
+               exclude: Sequence[str] = ()) -> List[str]:
+  """Names matching ``pattern`` (fnmatch, like timm's ``list_models``):
+  architectures, or with ``pretrained=True`` every ``architecture.tag``
+  with released weights."""
+  pool = list(_RECORDS) if pretrained else architectures()
+  names = [n for n in pool if fnmatch.fnmatchcase(n, pattern) or (
+      pretrained and fnmatch.fnmatchcase(n.split(".", 1)[0], pattern))]
+  return sorted(n for n in names
+                if not any(fnmatch.fnmatchcase(n, e) for e in exclude))
+
+
+# --------------------------------------------------------------------------- #
+# The generator (needs timm): python -m vit_jax.weights.pretrained --write
+# --------------------------------------------------------------------------- #
+
+FAMILY_PATTERNS = ("vit_*", "deit*", "eva02_*", "aimv2_*", "naflexvit_*")
+
+
+def _timm_architectures(patterns: Sequence[str] = FAMILY_PATTERNS):
+  """{timm name: our architecture record} for every timm architecture of
+  ``patterns`` that the weights layer maps (built on the meta device: the
+  shapes of its state dict, no memory)."""
+  import warnings  # pylint: disable=import-outside-toplevel
+
+  import numpy as np  # pylint: disable=import-outside-toplevel
+  import timm  # pylint: disable=import-outside-toplevel
+  import torch  # pylint: disable=import-outside-toplevel
+
+  from vit_jax import models  # pylint: disable=import-outside-toplevel
+  from vit_jax.weights import build  # pylint: disable=import-outside-toplevel
+
+  defaults = {f.name: f.default for f in dataclasses.fields(
+      models.VisionTransformer)}
+  out = {}
+  names = sorted({n for p in patterns for n in timm.list_models(p)})
+  for name in names:
+    with warnings.catch_warnings():
+      warnings.simplefilter("ignore")
+      try:
+        with torch.device("meta"):
+          m = timm.create_model(name, pretrained=False)
+      except Exception:  # pylint: disable=broad-except
+        continue
+    sd = {k: np.broadcast_to(np.float32(0), tuple(v.shape))
+          for k, v in m.state_dict().items()}
+    try:
+      model, _ = build.from_state_dict(sd, name, layout="timm")
+    except ValueError:
+      continue  # a feature vit_jax does not map: not listed
+    arch = models.arch_record(model)
+    arch["num_classes"] = int(model.num_classes or 0)
+    size = getattr(getattr(m, "patch_embed", None), "img_size", None)
+    if size is not None:
+      arch["image_size"] = tuple(int(s) for s in size)
+    for option in ("dynamic_img_size", "dynamic_img_pad"):  # timm's default
+      if getattr(m, option, False) or getattr(getattr(
+          m, "patch_embed", None), option, False):
+        arch[option] = True
+    out[name] = {k: v for k, v in arch.items() if v != defaults.get(k, ())}
+  return out
+
+
+def _timm_pretrained(archs) -> Dict[str, Dict[str, Any]]:
+  import timm  # pylint: disable=import-outside-toplevel
+  from timm.data import infer_imagenet_subset  # pylint: disable=import-outside-toplevel
+  from timm.models import get_pretrained_cfg  # pylint: disable=import-outside-toplevel
+
+  out = {}
+  for arch in sorted(archs):
+    for name in timm.list_pretrained(f"{arch}.*"):
+      cfg = get_pretrained_cfg(name)
+      if not cfg.hf_hub_id:
+        continue  # not on the Hugging Face Hub
+      d = cfg.to_dict()
+      out[name] = dict(
+          hub=d["hf_hub_id"], filename=d.get("hf_hub_filename") or None,
+          input_size=tuple(int(x) for x in d.get("input_size", (3, 224, 224))),
+          crop_pct=float(d.get("crop_pct", 0.875)),
+          crop_mode=str(d.get("crop_mode") or "center"),
+          interpolation=str(d.get("interpolation") or "bicubic"),
+          mean=tuple(float(x) for x in d.get("mean", pp.IMAGENET_MEAN)),
+          std=tuple(float(x) for x in d.get("std", pp.IMAGENET_STD)),
+          num_classes=int(d.get("num_classes") or 0),
+          labels=infer_imagenet_subset(cfg) if d.get("num_classes") else None,
+          license=d.get("license"))
+  return out
+
+
+def _source(header: str, name: str, table: Dict[str, Any]) -> str:
+  lines = [f'"""{header}\n\nGenerated by ``python -m vit_jax.weights.pretrained '
+           f'--write`` from timm; do not edit.\n"""\n',
+           "# flake8: noqa", "# pylint: skip-file", "", f"{name} = {{"]
+  for key in sorted(table):
+    lines.append(f"    {key!r}: {table[key]!r},")
+  lines.append("}")
+  return "\n".join(lines) + "\n"
+
+
+def generate(patterns: Sequence[str] = FAMILY_PATTERNS):
+  """(architectures, pretrained records) as timm has them now."""
+  archs = _timm_architectures(patterns)
+  return archs, _timm_pretrained(archs)
+
+
+def write_tables() -> Tuple[str, str]:
+  """(Re)writes :mod:`vit_jax.models._timm_archs` and
+  :mod:`vit_jax.weights._pretrained_cfgs`."""
+  import os  # pylint: disable=import-outside-toplevel
+
+  archs, records = generate()
+  here = os.path.dirname(os.path.abspath(__file__))
+  paths = (os.path.join(here, "..", "models", "_timm_archs.py"),
+           os.path.join(here, "_pretrained_cfgs.py"))
+  texts = (_source("The architecture of every timm name vit_jax builds: "
+                   "the fields of\n:class:`vit_jax.models.VisionTransformer` "
+                   "(plus its classes and image size).", "ARCHS", archs),
+           _source("timm's pretrained_cfg of every tag vit_jax loads (see "
+                   ":mod:`vit_jax.weights.pretrained`).", "PRETRAINED",
+                   records))
+  for path, text in zip(paths, texts):
+    with open(path, "w", encoding="utf-8") as f:
+      f.write(text)
+  return tuple(os.path.normpath(p) for p in paths)
+
+
+if __name__ == "__main__":
+  if sys.argv[1:] != ["--write"]:
+    sys.exit("usage: python -m vit_jax.weights.pretrained --write")
+  for p in write_tables():
+    print(f"wrote {p}")
