@@ -3,6 +3,7 @@ reports what it promises. Nothing here asserts a speed."""
 
 import json
 import os
+import re
 import subprocess
 import sys
 
@@ -232,3 +233,20 @@ def test_isa_avx2_caps_both_frameworks_and_says_so():
   assert got["torch"]["ATEN_CPU_CAPABILITY"] == "avx2"
   assert got["torch"]["ONEDNN_MAX_CPU_ISA"] == "AVX2"
   assert rec["jax_img_per_sec"] > 0 and rec["torch_img_per_sec"] > 0
+
+
+def test_naflex_bench_smoke(capsys):
+  """bench/naflex.py: a NaFlex batch against a square one of the same token
+  count, the CPU named, one compilation per sequence length drawn."""
+  from bench import naflex as naflex_bench  # pylint: disable=import-outside-toplevel
+  assert naflex_bench.main([
+      "--mode", "infer", "--mode", "train", "--width", "64", "--depth", "1",
+      "--heads", "2", "--image-size", "64", "--batch", "3", "--rounds", "1",
+      "--steps", "1", "--seq-lens", "8,16", "--run-steps", "4"]) == 0
+  out = capsys.readouterr().out
+  assert out.startswith("CPU: ")
+  for mode in ("infer", "train"):
+    for row in ("square", "naflex_square", "naflex"):
+      assert re.search(rf"^{mode} +{row} ", out, re.M), (mode, row, out)
+  m = re.search(r"\(drew \[([\d, ]+)\]\): (\d+) compilations", out)
+  assert m and int(m.group(2)) == len(m.group(1).split(",")), out

@@ -217,7 +217,10 @@ def _timm_architectures(patterns: Sequence[str] = FAMILY_PATTERNS):
       if getattr(m, option, False) or getattr(getattr(
           m, "patch_embed", None), option, False):
         arch[option] = True
-    out[name] = {k: v for k, v in arch.items() if v != defaults.get(k, ())}
+    same = lambda a, b: (list(a) == list(b) if isinstance(  # noqa: E731
+        a, (list, tuple)) and isinstance(b, (list, tuple)) else a == b)
+    out[name] = {k: v for k, v in arch.items()
+                 if not same(v, defaults.get(k, ()))}
   return out
 
 
