@@ -250,3 +250,24 @@ def test_naflex_bench_smoke(capsys):
       assert re.search(rf"^{mode} +{row} ", out, re.M), (mode, row, out)
   m = re.search(r"\(drew \[([\d, ]+)\]\): (\d+) compilations", out)
   assert m and int(m.group(2)) == len(m.group(1).split(",")), out
+
+
+def test_ops_profile_groups_both_frameworks(capsys):
+  """bench/ops.py: the step of each framework profiled op by op and
+  grouped; every group the step must have is found in both (a grouping
+  that lost the GEMMs or the optimizer to 'other' would show here)."""
+  from bench import ops  # pylint: disable=import-outside-toplevel
+  res = ops.main(["--model", "vit_ti_16", "--batch", "2", "--image-size",
+                  "32", "--steps", "1", "--warmup", "1", "--top", "3"])
+  out = capsys.readouterr().out
+  assert out.startswith("CPU: ") and "ISA: " in out
+  for fw in ("jax", "torch"):
+    g = res[fw]["groups"]
+    for name in ("dense GEMMs", "attention matmuls", "LayerNorm",
+                 "optimizer"):
+      assert g.get(name, 0) > 0, (fw, name, g)
+    assert set(g) <= set(ops.GROUPS)
+  # The groups account for the step: their sum is within a factor of the
+  # step's wall time (the thunks run on the step's threads).
+  j = res["jax"]
+  assert 0.3 < sum(j["groups"].values()) / j["wall_ms"] < 3
