@@ -69,6 +69,8 @@ def parse_hlo(text: str):
     m = _INSTR.match(line)
     if m and current is not None:
       name, opcode = m.group(1), m.group(3)
+      if opcode == "dot" and "lhs_batch_dims=" in line:
+        opcode = "batched-dot"  # attention's (B*H, N, .) products
       instrs[name] = (opcode, _CALLS.findall(line), _META.findall(line),
                       _SRC.findall(line))
       comps[current].append(name)
@@ -104,15 +106,11 @@ def group_of(ops, metas, srcs) -> str:
                                      "transpose(", "softmax_cross_entropy"))
   if metas and not in_model:
     return "optimizer"
-  gemm = bool(ops & {"dot", "convolution"})
-  if gemm:
-    if "convolution" in ops or ("embedding" in text and "conv" in text):
+  if "batched-dot" in ops:  # (B*H, N, .) x (B*H, ., .): scores, values
+    return "attention matmuls"
+  if ops & {"dot", "convolution"}:  # 2-D (tokens, width) GEMMs
+    if "convolution" in ops or "embedding" in text:
       return "patch embedding"
-    dense = any(k in text for k in ("/query/", "/key/", "/value/", "/out/",
-                                    "/qkv/", "dense_", "/head/", "/proj/",
-                                    "pre_logits"))
-    if "attention" in text and not dense:
-      return "attention matmuls"
     return "dense GEMMs"
   if "softmax_cross_entropy" in text or "log_softmax" in text:
     return "loss + other"
