@@ -124,6 +124,54 @@ def dense(x, kernel, bias=None, out_dtype=None, backend=None):
   return y if out_dtype is None else y.astype(out_dtype)
 
 
+_SQRT1_2 = 0.7071067811865476
+_INV_SQRT_2PI = 0.3989422804014327
+
+
+def dense_gelu(x, kernel, bias, backend=None):
+  """``gelu(x @ kernel + bias)`` (exact erf GELU, torch's formula) for a
+  float32 MLP's first layer; other dtypes go through :func:`dense` and
+  ``layers.gelu`` unchanged.
+
+  Left to autodiff, XLA:CPU computes the bias add and erf in one pass,
+  writes erf out for the backward, and reads the GEMM's output again for
+  GELU; the backward then reads three tensors of the hidden layer's size.
+  Here the bias add and GELU are one op whose backward keeps only the
+  GEMM's output (already in memory) and recomputes GELU's derivative from
+  it: one pass over the hidden layer forward and one backward, where the
+  memory traffic of the MLP's (tokens, mlp_dim) tensors is what costs on a
+  2-channel CPU (bench/ops.py)."""
+  impl = choose_dense(backend or jax.default_backend(), x.dtype)
+  if impl != "plain" or x.dtype != jnp.float32:
+    return None
+  return bias_gelu(x @ kernel.astype(x.dtype), bias.astype(x.dtype))
+
+
+@jax.custom_vjp
+def bias_gelu(y, bias):
+  """``gelu(y + bias)``, ``x/2 * (1 + erf(x/sqrt2))``; its backward keeps
+  ``y`` and ``bias`` only."""
+  h = y + bias
+  return h * 0.5 * (1.0 + lax.erf(h * _SQRT1_2))
+
+
+def _bias_gelu_fwd(y, bias):
+  return bias_gelu(y, bias), (y, bias)
+
+
+def _bias_gelu_bwd(res, g):
+  y, bias = res
+  h = y + bias
+  # d/dh [h/2 (1 + erf(h/sqrt2))] = (1 + erf(h/sqrt2))/2 + h * phi(h)
+  d = 0.5 * (1.0 + lax.erf(h * _SQRT1_2)) + h * (
+      _INV_SQRT_2PI * jnp.exp(-0.5 * h * h))
+  dy = g * d
+  return dy, jnp.sum(dy.reshape(-1, dy.shape[-1]), axis=0)
+
+
+bias_gelu.defvjp(_bias_gelu_fwd, _bias_gelu_bwd)
+
+
 @functools.partial(jax.custom_vjp, nondiff_argnums=(3, 4))
 def _dense_low(x, kernel, bias, out_dtype, cpu_layout):
   """``_dense`` for bfloat16/float16 x: every GEMM takes low-precision

@@ -179,11 +179,19 @@ class Dense(nn.Module):
   use_bias: bool = True
 
   @nn.compact
-  def __call__(self, x, out_dtype=None):
+  def __call__(self, x, out_dtype=None, with_gelu: bool = False):
+    """``with_gelu``: returns ``gelu(x @ kernel + bias)`` (one op with its own
+    backward in float32, :func:`vit_jax.models.kernels.dense_gelu`)."""
     kernel = self.param("kernel", self.kernel_init,
                         (x.shape[-1], self.features), self.param_dtype)
     bias = (self.param("bias", self.bias_init, (self.features,),
                        self.param_dtype) if self.use_bias else None)
+    if with_gelu:
+      if bias is not None and out_dtype is None:
+        y = kernels.dense_gelu(x, kernel, bias)
+        if y is not None:
+          return y
+      return gelu(kernels.dense(x, kernel, bias, out_dtype))
     return kernels.dense(x, kernel, bias, out_dtype)
 
 
@@ -389,7 +397,10 @@ class MlpBlock(nn.Module):
     dense = functools.partial(Dense, param_dtype=self.param_dtype,
                               use_bias=self.use_bias)
     act = activation(self.act)
-    if self.gated is None:
+    if self.gated is None and self.act == "gelu":
+      x = dense(self.mlp_dim, name="Dense_0")(x, out_dtype=hidden_dtype,
+                                              with_gelu=True)
+    elif self.gated is None:
       x = act(dense(self.mlp_dim, name="Dense_0")(x, out_dtype=hidden_dtype))
     elif self.gated == "packed":
       h = dense(2 * self.mlp_dim, name="Dense_0")(x, out_dtype=hidden_dtype)
