@@ -24,6 +24,12 @@ import os
 import sys
 import traceback
 
+if __name__ == "__main__":
+  # First of all: glibc keeps the step's freed temporaries for the next
+  # step (vit_jax/train/host_memory.py; the process starts again once).
+  from vit_jax.train import host_memory
+  host_memory.reexec()
+
 from absl import app, flags, logging
 from ml_collections import config_dict, config_flags
 

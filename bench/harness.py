@@ -27,6 +27,7 @@ import time
 from typing import Any, Dict, List, Optional
 
 from bench import machine
+from vit_jax.train import host_memory
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -90,6 +91,11 @@ class Worker:
     self.c = contestant
     env = dict(os.environ)
     env.update(contestant.env)
+    # What train.py runs with (vit_jax/train/host_memory.py), for both
+    # frameworks alike; env.VIT_JAX_KEEP_HOST_MEMORY=0 in a contestant's
+    # config (ab.py) runs it without.
+    if host_memory.wanted(env):
+      env.update(host_memory.MALLOC_ENV)
     if contestant.framework == "jax":
       flags = " ".join(f for f in (env.get("XLA_FLAGS", ""),
                                    contestant.xla_flags) if f)
