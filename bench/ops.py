@@ -40,6 +40,7 @@ if __package__ in (None, ""):
   sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from bench import machine  # noqa: E402  pylint: disable=wrong-import-position
+from vit_jax.train import host_memory  # noqa: E402  pylint: disable=wrong-import-position
 
 GROUPS = ("dense GEMMs", "attention matmuls", "softmax", "LayerNorm", "GELU",
           "patch embedding", "optimizer", "layout copies", "loss + other")
@@ -326,10 +327,13 @@ def torch_child(spec):
 
 
 def run_child(framework: str, spec: dict) -> dict:
+  env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3")
+  if host_memory.wanted(env):  # as train.py and bench.py run
+    env.update(host_memory.MALLOC_ENV)
   out = subprocess.run(
       [sys.executable, os.path.abspath(__file__), "--child", framework,
        json.dumps(spec)], capture_output=True, text=True, check=False,
-      env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3"))
+      env=env)
   last = [l for l in out.stdout.splitlines() if l.startswith("{")]
   if out.returncode or not last:
     raise RuntimeError(f"{framework} child failed:\n{out.stderr[-3000:]}")
