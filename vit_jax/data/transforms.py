@@ -153,6 +153,14 @@ def preprocess_train(image, seed, *, pp, image_size: int, mean=None, std=None):
   else:
     raise ValueError(f"config.pp.crop={pp.crop!r}: expected 'inception', "
                      f"'random_crop' or 'resize'.")
+  return _finish(_flip_and_randaugment(image, pp, seeds), image_size, mean,
+                 std)
+
+
+def _flip_and_randaugment(image, pp, seeds):
+  """The training augmentations after the crop: a random horizontal flip
+  (``pp.flip``) and RandAugment (``pp.randaugment_layers``), each from its
+  own seed."""
   if pp.flip:
     image = tf.image.stateless_random_flip_left_right(image, seeds[1])
   if pp.randaugment_layers:
@@ -160,7 +168,7 @@ def preprocess_train(image, seed, *, pp, image_size: int, mean=None, std=None):
     image = randaugment.randaugment(
         _to_uint8(image), num_layers=pp.randaugment_layers,
         magnitude=pp.randaugment_magnitude, seed=seeds[2])
-  return _finish(image, image_size, mean, std)
+  return image
 
 
 def preprocess_tf(image: np.ndarray, pre: preprocessing.Preprocessing
@@ -278,14 +286,8 @@ def preprocess_train_naflex(image, seed, *, pp, patch_size: int, seq_len,
   else:
     image = _decode(image)
   image = _resize_to_seq(image, patch_size, seq_len)
-  if pp.flip:
-    image = tf.image.stateless_random_flip_left_right(image, seeds[1])
-  if pp.randaugment_layers:
-    from vit_jax.data import randaugment  # pylint: disable=import-outside-toplevel
-    image = randaugment.randaugment(
-        _to_uint8(image), num_layers=pp.randaugment_layers,
-        magnitude=pp.randaugment_magnitude, seed=seeds[2])
-  return _naflex_finish(image, patch_size, seq_len, mean, std)
+  return _naflex_finish(_flip_and_randaugment(image, pp, seeds), patch_size,
+                        seq_len, mean, std)
 
 
 def preprocess_naflex_tf(image: np.ndarray, pre: preprocessing.Preprocessing,
