@@ -61,6 +61,22 @@ def _refuse_unknown(layout: mapping.Layout, sd, unmatched) -> None:
       (f" and {len(bad) - 8} more" if len(bad) > 8 else "") + ".")
 
 
+# Layouts whose weights cannot show what only the timm name decides: the
+# hint the name must give, the message without a name, and the message for
+# a name of another family.
+_NAME_DECIDES = {
+    "timm_eva": ("rope", layouts.NEEDS_A_NAME,
+                 "is not a timm name of the Eva families vit_jax decodes "
+                 "(DINOv3, EVA-02, Perception Encoder), and these weights are "
+                 "an Eva model's (LayerScale gamma_1, q_bias / v_bias or "
+                 "separate q_proj), whose rotary position embedding the name "
+                 "must give."),
+    "timm_naflex": ("naflex", layouts.NAFLEX_NEEDS_A_NAME,
+                    "is not a timm NaFlexVit name (naflexvit_*), and these "
+                    "weights are a NaFlexVit's (embeds.*): "
+                    + layouts.NAFLEX_NEEDS_A_NAME.split(". ", 1)[1]),
+}
+
 CLIP_NEEDS_A_NAME = (
     "These are the weights of a CLIP image tower (a LayerNorm before the "
     "blocks), whose activation they do not store: OpenAI's CLIP (and "
@@ -304,21 +320,9 @@ def from_state_dict(state_dict, name: Optional[str] = None, *,
   _refuse_unknown(table, sd, mapping.unmatched(table, sd))
   if layout == "timm" and name is None and "norm_pre.weight" in sd:
     raise ValueError(CLIP_NEEDS_A_NAME)
-  if layout == "timm_eva" and not hints.get("rope"):
-    if name is None:
-      raise ValueError(layouts.NEEDS_A_NAME)
-    raise ValueError(
-        f"{name!r} is not a timm name of the Eva families vit_jax decodes "
-        f"(DINOv3, EVA-02, Perception Encoder), and these weights are an Eva "
-        f"model's (LayerScale gamma_1, q_bias / v_bias or separate q_proj), "
-        f"whose rotary position embedding the name must give.")
-  if layout == "timm_naflex" and not hints.get("naflex"):
-    if name is None:
-      raise ValueError(layouts.NAFLEX_NEEDS_A_NAME)
-    raise ValueError(
-        f"{name!r} is not a timm NaFlexVit name (naflexvit_*), and these "
-        f"weights are a NaFlexVit's (embeds.*): "
-        + layouts.NAFLEX_NEEDS_A_NAME.split(". ", 1)[1])
+  if layout in _NAME_DECIDES and not hints.get(_NAME_DECIDES[layout][0]):
+    _, needs, wrong = _NAME_DECIDES[layout]
+    raise ValueError(needs if name is None else f"{name!r} {wrong}")
   heads = _heads(name, overrides.get("num_heads"), hints,
                  _width(table, sd))
   flat, _ = mapping.to_ours(table, sd, {
