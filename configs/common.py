@@ -214,3 +214,70 @@ def vit_recipe(arg, model_name: str, weights: str,
     c.pp.std = (0.5, 0.5, 0.5)
     c.model.drop_path_rate = 0.1
   return c
+
+
+def self_supervised_recipe(arg, *, config_file: str, sizes: dict,
+                           name: str, tag: str, patch: int
+                           ) -> ml_collections.ConfigDict:
+  """The shared recipe behind dinov2.py / dinov3.py: fine-tune (or
+  linear-probe, token ``probe``) a self-supervised backbone from timm's
+  hub weights.
+
+  ``arg``: comma-separated tokens: a size key of ``sizes`` (``'b'`` by
+  default), ``probe``, a dataset and a resolution (a multiple of
+  ``patch``). ``name``: timm's model name with ``{size}`` for the size's
+  word; ``tag``: the pretrained tag (``lvd142m``).
+
+  Full fine-tuning: AdamW (wd 0.05, b2 0.999), layer-wise learning-rate
+  decay 0.75, drop path 0.1, label smoothing 0.1, RandAugment 2/9, 500
+  warmup steps + cosine, clip 1.0, bfloat16 compute. ``probe``: only the
+  zero-initialised head learns (SGD momentum 0.9, lr 0.01, no decay).
+  """
+  tokens = [t.strip() for t in (arg or "").split(",") if t.strip()]
+  size = next((t for t in tokens if t in sizes), "b")
+  probe = "probe" in tokens
+  rest = ",".join(t for t in tokens if t not in sizes and t != "probe")
+  dataset, res, _ = parse_arg(rest)
+  if res is not None and res % patch:
+    raise ValueError(f"{config_file}: resolution {res} is not a multiple of "
+                     f"the patch size {patch}")
+  model_name = name.format(size=sizes[size])
+
+  c = get_config()
+  d = DATASETS.get(dataset, dict(train_split="train", eval_split="test",
+                                 steps=10_000, eval_crop_fraction=0.875))
+  c.dataset = dataset
+  c.train_split, c.eval_split = d["train_split"], d["eval_split"]
+  c.image_size = res or 224
+  c.pp.eval_crop_fraction = d["eval_crop_fraction"]
+  c.pp.crop = "inception"
+  c.pp.flip = True
+  c.model_name = model_name  # timm's: gives what the keys cannot (eps, RoPE)
+  c.init_weights = f"hf-hub:timm/{model_name}.{tag}"
+  c.model.dtype = "bfloat16"
+  c.batch_size = 512
+  c.eval_batch_size = 512
+  c.total_steps = d["steps"]
+  c.warmup_steps = 500
+  c.schedule = "cosine"
+  c.grad_clip_norm = 1.0
+  c.log_every = 50
+  c.eval_every = 1000
+  c.checkpoint_every = 1000
+  if probe:
+    c.linear_probe = True
+    c.optimizer = "sgd"
+    c.momentum = 0.9
+    c.learning_rate = 0.01
+    c.weight_decay = 0.0
+  else:
+    c.optimizer = "adamw"
+    c.learning_rate = 5e-5 * c.batch_size / 256
+    c.weight_decay = 0.05
+    c.b2 = 0.999
+    c.layer_decay = 0.75
+    c.model.drop_path_rate = 0.1
+    c.label_smoothing = 0.1
+    c.pp.randaugment_layers = 2
+    c.pp.randaugment_magnitude = 9
+  return c

@@ -49,51 +49,6 @@ SIZES = {"s": "small", "splus": "small_plus", "b": "base", "l": "large",
 
 
 def get_config(arg=None):
-  tokens = [t.strip() for t in (arg or "").split(",") if t.strip()]
-  size = next((t for t in tokens if t in SIZES), "b")
-  probe = "probe" in tokens
-  rest = ",".join(t for t in tokens if t not in SIZES and t != "probe")
-  dataset, res, _ = common.parse_arg(rest)
-  if res is not None and res % 16:
-    raise ValueError(f"configs/dinov3.py: resolution {res} is not a multiple "
-                     f"of the patch size 16")
-  name = f"vit_{SIZES[size]}_patch16_dinov3"
-
-  c = common.get_config()
-  d = common.DATASETS.get(dataset, dict(train_split="train", eval_split="test",
-                                        steps=10_000, eval_crop_fraction=0.875))
-  c.dataset = dataset
-  c.train_split, c.eval_split = d["train_split"], d["eval_split"]
-  c.image_size = res or 224
-  c.pp.eval_crop_fraction = d["eval_crop_fraction"]
-  c.pp.crop = "inception"
-  c.pp.flip = True
-  c.model_name = name  # timm's: gives what the keys cannot (RoPE, eps)
-  c.init_weights = f"hf-hub:timm/{name}.lvd1689m"
-  c.model.dtype = "bfloat16"
-  c.batch_size = 512
-  c.eval_batch_size = 512
-  c.total_steps = d["steps"]
-  c.warmup_steps = 500
-  c.schedule = "cosine"
-  c.grad_clip_norm = 1.0
-  c.log_every = 50
-  c.eval_every = 1000
-  c.checkpoint_every = 1000
-  if probe:
-    c.linear_probe = True
-    c.optimizer = "sgd"
-    c.momentum = 0.9
-    c.learning_rate = 0.01
-    c.weight_decay = 0.0
-  else:
-    c.optimizer = "adamw"
-    c.learning_rate = 5e-5 * c.batch_size / 256
-    c.weight_decay = 0.05
-    c.b2 = 0.999
-    c.layer_decay = 0.75
-    c.model.drop_path_rate = 0.1
-    c.label_smoothing = 0.1
-    c.pp.randaugment_layers = 2
-    c.pp.randaugment_magnitude = 9
-  return c
+  return common.self_supervised_recipe(
+      arg, config_file="configs/dinov3.py", sizes=SIZES,
+      name="vit_{size}_patch16_dinov3", tag="lvd1689m", patch=16)

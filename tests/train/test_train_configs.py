@@ -56,6 +56,8 @@ def test_dinov2_recipes():
   assert c.model_name == "vit_large_patch14_reg4_dinov2"
   assert (c.dataset, c.image_size, c.linear_probe, c.optimizer) == (
       "cifar100", 448, True, "sgd")
+  with pytest.raises(ValueError, match="not a multiple of the patch size 14"):
+    dinov2.get_config("s,224,digits,100")
 
 
 def test_dinov3_recipes():
