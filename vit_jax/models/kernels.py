@@ -90,10 +90,12 @@ def choose_dense(backend: str, dtype, bf16_hardware: Optional[bool] = None
     keeps every GEMM bf16 x bf16 -> f32 and the parameter gradients
     unrounded float32.
     ``'f32_cpu'`` for bfloat16/float16 on a CPU without bf16 arithmetic
-    (``bf16_hardware``, default :func:`cpu_has_bf16`): the operands are
-    widened to float32 and every GEMM runs as a float32 one (the same
-    products: bf16 values are exact in float32), which is XLA:CPU's fastest
-    GEMM there; the result is rounded to the compute dtype.
+    (``bf16_hardware``, default :func:`cpu_has_bf16`): the kernel is
+    rounded to the compute dtype, both operands are widened to float32 and
+    every GEMM runs as a float32 one (the same products as the bf16 GEMMs:
+    bf16 values are exact in float32), which is XLA:CPU's fastest GEMM
+    there; the result is rounded to the compute dtype and the parameter
+    gradients stay unrounded float32, as in ``'low_cpu'``.
   """
   if jnp.dtype(dtype) not in (jnp.dtype(t) for t in _LOW_PRECISION):
     return "plain"
@@ -115,13 +117,24 @@ def dense(x, kernel, bias=None, out_dtype=None, backend=None):
   if impl == "f32_cpu":
     _warn_no_bf16_hardware()
     f32 = jnp.float32
-    y = x.astype(f32) @ kernel.astype(f32) + bias.astype(f32)
+    y = x.astype(f32) @ _rounded_to(kernel, x.dtype) + bias.astype(f32)
     return y.astype(out_dtype or x.dtype)
   if impl != "plain":
     return _dense_low(x, kernel, bias, jnp.dtype(out_dtype or x.dtype),
                       impl == "low_cpu")
   y = x @ kernel.astype(x.dtype) + bias.astype(x.dtype)
   return y if out_dtype is None else y.astype(out_dtype)
+
+
+def _rounded_to(t, dtype):
+  """``t``'s values rounded to ``dtype`` (what a ``dtype`` GEMM multiplies),
+  held in float32, with the gradient passed through unrounded: the
+  ``'f32_cpu'`` form computes the same products as the bf16 ones and keeps
+  float32 parameter gradients, as :func:`_dense_low` does. ``t + (r - t)``
+  is exactly ``r``: the difference of two floats this close is exact."""
+  t32 = t.astype(jnp.float32)
+  r = t.astype(dtype).astype(jnp.float32)
+  return t32 + lax.stop_gradient(r - t32)
 
 
 _SQRT1_2 = 0.7071067811865476
