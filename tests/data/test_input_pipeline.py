@@ -71,6 +71,22 @@ def test_train_stream_is_a_function_of_step(src):
   assert not np.array_equal(other[0]["image"], full[0]["image"])
 
 
+def test_pipelines_run_without_tf_data_autotuning(src):
+  """Deleting an iterator waits for tf.data's autotuning thread, which can
+  first sleep out its optimisation period (seconds: a run that ends that much
+  after its last step). Train and eval pipelines run without one, with their
+  maps as wide as the cores."""
+  cfg = tiny_config()
+  train = batches.train_dataset(cfg, src, local_batch=16, start_step=0,
+                                process_index=0, process_count=1)
+  ev, _ = batches.eval_dataset(cfg, src, local_batch=16, process_index=0,
+                               process_count=1)
+  for ds in (train, ev):
+    assert ds.options().autotune.enabled is False
+    assert ds.options().deterministic is True
+  assert batches.parallel_calls() == len(os.sched_getaffinity(0))
+
+
 def test_processes_read_disjoint_train_slices(src):
   cfg = tiny_config(**{"pp.crop": "resize"})  # no augmentation: comparable
   seen = []

@@ -22,11 +22,21 @@ decodes only the crop (``tf.image.decode_and_crop_jpeg``); the next epoch's
 shuffle buffer fills in the background while this epoch is read; global
 batches are double-buffered on the devices (:func:`start_global`).
 ``bench/input_pipeline.py`` measures the host side alone.
+
+No autotuning (``tf.data.Options().autotune``): deleting an iterator waits
+for tf.data's autotuning thread, which in TensorFlow 2.21 can first sleep out
+its optimisation period (up to 60 s). Measured on a loaded 2-core machine
+(AMD EPYC Zen 3; pairs of short training runs beside two busy loops): with
+autotuning, 3 of 48 iterators took 2.4, 3.0 and 19.5 s to delete, and their
+runs ended that much after their last step (a multi-process run, after JAX's
+shutdown barrier had given up); without it, none of 48 took over 0.13 s. The
+maps run one call per core instead.
 """
 
 from __future__ import annotations
 
 import math
+import os
 from typing import Optional, Sequence, Tuple
 
 import numpy as np
@@ -47,7 +57,17 @@ def cached(ds: tf.data.Dataset) -> tf.data.Dataset:
 def _options() -> tf.data.Options:
   opts = tf.data.Options()
   opts.deterministic = True
+  opts.autotune.enabled = False  # see the module docstring
   return opts
+
+
+def parallel_calls() -> int:
+  """Parallel calls of the per-example maps: one per core this process may
+  run on (what autotuning converges to for CPU-bound decoding)."""
+  try:
+    return max(1, len(os.sched_getaffinity(0)))
+  except AttributeError:  # not on Linux
+    return max(1, os.cpu_count() or 1)
 
 
 def _mix(*ints) -> int:
@@ -144,7 +164,7 @@ def train_dataset(config, src: DataSource, *, local_batch: int,
                              mean=mean, std=std)
     return {"image": image, "label": label}
 
-  ds = ds.map(process, num_parallel_calls=tf.data.AUTOTUNE)
+  ds = ds.map(process, num_parallel_calls=parallel_calls())
   ds = ds.batch(local_batch, drop_remainder=True)
   ds = ds.prefetch(config.prefetch)
   return ds.with_options(_options())
@@ -189,7 +209,7 @@ def eval_dataset(config, src: DataSource, *, local_batch: int,
     return dict(out, label=tf.cast(ex["label"], tf.int32),
                 mask=tf.constant(1.0, tf.float32))
 
-  ds = raw.map(process, num_parallel_calls=tf.data.AUTOTUNE)
+  ds = raw.map(process, num_parallel_calls=parallel_calls())
   pad = num_batches * local_batch - n
   if pad:
     blank = {k: tf.zeros([int(naflex[1]) if d is None else d

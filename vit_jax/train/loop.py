@@ -358,6 +358,9 @@ def train_and_evaluate(config, workdir: str, *,
                      f"{ckpt.directory}; exiting. Run the same command to "
                      f"resume.")
         break
+  # The input pipeline's threads stop now, while the checkpoint commits,
+  # not whenever the generator happens to be collected.
+  train_batches.close()
 
   with waits.waiting(f"checkpoint {saved_step}'s commit by every process",
                      step):
