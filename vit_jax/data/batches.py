@@ -27,10 +27,10 @@ No autotuning (``tf.data.Options().autotune``): deleting an iterator waits
 for tf.data's autotuning thread, which in TensorFlow 2.21 can first sleep out
 its optimisation period (up to 60 s). Measured on a loaded 2-core machine
 (AMD EPYC Zen 3; pairs of short training runs beside two busy loops): with
-autotuning, 3 of 48 iterators took 2.4, 3.0 and 19.5 s to delete, and their
-runs ended that much after their last step (a multi-process run, after JAX's
-shutdown barrier had given up); without it, none of 48 took over 0.13 s. The
-maps run one call per core instead.
+autotuning, 3 of the 48 train and eval iterators of 16 runs took 2.4, 3.0
+and 19.5 s to delete, each a stall of its run (at the end of a two-process
+run, one longer than JAX's shutdown barrier waits); without it, none took
+over 0.13 s. The maps run one call per core instead.
 """
 
 from __future__ import annotations
