@@ -250,8 +250,9 @@ def main(argv=None):
                     max_retries=args.max_retries,
                     wait_quiet_s=args.wait_quiet, cpus=args.cpus,
                     reference=None if args.no_torch else "torch")
-  rec = summarise(res, workload, machine.gemms_for(args, workload.name, workload.batch,
-                                    workload.image_size))
+  rec = summarise(res, workload, machine.gemms_for(
+      args, workload.name, workload.batch, workload.image_size,
+      dtypes=(workload.dtype,)))
   rec["isa"], rec["isa_line"] = args.isa, isa_line
   return harness.emit(format_table(rec), rec, args.json)
 

@@ -6,6 +6,7 @@ import os
 import re
 import subprocess
 import sys
+import time
 
 import pytest
 
@@ -114,6 +115,22 @@ def test_bench_jax_vs_torch_json(mode, capsys):
   if mode == "infer":
     assert out["gemm_peak_gflops"] > 0 and out["jax_pct_of_gemm_peak"] > 0
     assert "% GEMM" in table and "roofline (float32)" in table
+    # Only the workload's dtype is timed (a bf16 GEMM on a CPU without bf16
+    # arithmetic takes up to a minute a call, and is no float32 workload's
+    # roofline).
+    assert {r["dtype"] for r in out["gemms"]["rates"]} == {"float32"}
+
+
+def test_a_gemm_slower_than_its_budget_is_timed_once():
+  calls = []
+
+  def slow():
+    calls.append(1)
+    time.sleep(0.05)
+
+  rate = machine._time_gemm(slow, 1e9, seconds=0.02)  # pylint: disable=protected-access
+  assert len(calls) == 2  # the warm-up and one timed call, not 1 + 5
+  assert 0 < rate <= 20.0  # 1 GFLOP in one call of at least 0.05 s
 
 
 def test_bench_jax_only_with_options():
