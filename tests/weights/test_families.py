@@ -19,6 +19,7 @@ import torch
 
 from compare import apply, assert_close_rel, images, perturb_torch, torch_in
 from vit_jax import formats
+from vit_jax.weights.pretrained import meta_device
 
 timm = pytest.importorskip("timm")
 from timm.models.vision_transformer import VisionTransformer  # noqa: E402
@@ -159,7 +160,7 @@ def test_every_family_name_decodes_like_timm():
   assert len(names) > 60, names
   bad = []
   for name in names:
-    with torch.device("meta"):
+    with meta_device():
       m = timm.create_model(name, pretrained=False)
     assert type(m) is VisionTransformer, name
     model, _ = formats.from_timm(_meta_state_dict(m), name)

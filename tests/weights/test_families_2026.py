@@ -23,6 +23,7 @@ import torch
 
 from compare import apply, assert_close_rel, images, perturb_torch, torch_in
 from vit_jax import formats, models
+from vit_jax.weights.pretrained import meta_device
 
 timm = pytest.importorskip("timm")
 
@@ -397,7 +398,7 @@ def test_every_new_family_name_decodes_like_timm():
   assert len(names) > 50, names
   bad = []
   for name in names:
-    with torch.device("meta"):
+    with meta_device():
       m = timm.create_model(name, pretrained=False)
     model, _ = formats.from_timm(_meta_state_dict(m), name)
     want = _timm_facts(m)
@@ -449,7 +450,7 @@ def test_dinov3_7b_under_an_fsdp_mesh():
   import os  # pylint: disable=import-outside-toplevel
   import subprocess  # pylint: disable=import-outside-toplevel
   import sys  # pylint: disable=import-outside-toplevel
-  with torch.device("meta"):
+  with meta_device():
     ref = timm.create_model("vit_7b_patch16_dinov3", pretrained=False)
   want = sum(p.numel() for p in ref.parameters())
   # The architecture from_timm reads from a narrow one-block 7B, at 7B size.

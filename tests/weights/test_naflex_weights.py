@@ -26,6 +26,7 @@ import torch
 from compare import assert_close_rel, images, perturb_torch, torch_in
 from vit_jax import formats
 from vit_jax.data import naflex as data_naflex
+from vit_jax.weights.pretrained import meta_device
 
 timm = pytest.importorskip("timm")
 
@@ -306,7 +307,7 @@ def test_every_naflexvit_name_decodes_like_timm():
   assert len(names) >= 12, names
   bad = []
   for name in names:
-    with torch.device("meta"):
+    with meta_device():
       m = timm.create_model(name, pretrained=False, depth=1)
     sd = {k: np.broadcast_to(np.float32(0), tuple(v.shape))
           for k, v in m.state_dict().items()}

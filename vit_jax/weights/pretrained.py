@@ -177,6 +177,33 @@ def list_names(pattern: str = "*", pretrained: bool = False,
 FAMILY_PATTERNS = ("vit_*", "deit*", "eva02_*", "aimv2_*", "naflexvit_*")
 
 
+def meta_device():
+  """torch's meta device for building timm models without memory, ~3x
+  faster than a bare ``torch.device("meta")``: timm's truncated-normal
+  init clamps every weight, and torch runs ``clamp_`` on a meta tensor
+  through its Python reference implementation (about 5 ms a call, three
+  quarters of the time to build every timm architecture). A meta tensor
+  holds no values, so its ``clamp_`` is skipped here; every other op runs
+  as on the plain meta device (the same parameters, shapes and dtypes)."""
+  import contextlib  # pylint: disable=import-outside-toplevel
+
+  import torch  # pylint: disable=import-outside-toplevel
+  from torch.overrides import TorchFunctionMode  # pylint: disable=import-outside-toplevel
+
+  class _NoMetaClamp(TorchFunctionMode):
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+      if func is torch.Tensor.clamp_ and args and getattr(
+          args[0], "is_meta", False):
+        return args[0]
+      return func(*args, **(kwargs or {}))
+
+  stack = contextlib.ExitStack()
+  stack.enter_context(torch.device("meta"))
+  stack.enter_context(_NoMetaClamp())
+  return stack
+
+
 def _timm_architectures(patterns: Sequence[str] = FAMILY_PATTERNS):
   """{timm name: our architecture record} for every timm architecture of
   ``patterns`` that the weights layer maps (built on the meta device: the
@@ -185,7 +212,6 @@ def _timm_architectures(patterns: Sequence[str] = FAMILY_PATTERNS):
 
   import numpy as np  # pylint: disable=import-outside-toplevel
   import timm  # pylint: disable=import-outside-toplevel
-  import torch  # pylint: disable=import-outside-toplevel
 
   from vit_jax import models  # pylint: disable=import-outside-toplevel
   from vit_jax.weights import build  # pylint: disable=import-outside-toplevel
@@ -198,7 +224,7 @@ def _timm_architectures(patterns: Sequence[str] = FAMILY_PATTERNS):
     with warnings.catch_warnings():
       warnings.simplefilter("ignore")
       try:
-        with torch.device("meta"):
+        with meta_device():
           m = timm.create_model(name, pretrained=False)
       except Exception:  # pylint: disable=broad-except
         continue
