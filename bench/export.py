@@ -24,7 +24,10 @@ from __future__ import annotations
 
 import argparse
 import os
+import shutil
 import sys
+import tempfile
+from typing import Optional
 
 if __package__ in (None, ""):  # `python bench/export.py`
   sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -42,15 +45,22 @@ RUNTIMES = {"stablehlo": "stablehlo (jax.export)",
 EXTRA_RUNTIMES = {"onnxruntime-jax2onnx": "onnxruntime (jax2onnx)"}
 
 
-def contestants(runtimes, torch: bool = True):
+def contestants(runtimes, torch: bool = True,
+                artifact_dir: Optional[str] = None):
+  """``artifact_dir``: where the runtimes keep their exported artifacts
+  between batch sizes (each artifact has a dynamic batch dimension, so a
+  second batch size loads the first one's instead of exporting again)."""
   env = {"JAX_PLATFORMS": "cpu", "TF_CPP_MIN_LOG_LEVEL": "2"}
   out = [harness.Contestant(REFERENCE, "jax")]
+  shared = {"artifact_dir": artifact_dir} if artifact_dir else {}
   for r in runtimes:
     if r in EXTRA_RUNTIMES:
       out.append(harness.Contestant(EXTRA_RUNTIMES[r], "onnxruntime", env=env,
-                                    options={"onnx_route": "jax2onnx"}))
+                                    options=dict(shared,
+                                                 onnx_route="jax2onnx")))
     else:
-      out.append(harness.Contestant(RUNTIMES[r], r, env=env))
+      out.append(harness.Contestant(RUNTIMES[r], r, env=env,
+                                    options=dict(shared)))
   if torch:
     out.append(harness.Contestant("torch eager", "torch"))
   return out
@@ -88,16 +98,21 @@ def run(args) -> dict:
     raise SystemExit(f"unknown runtimes {unknown}; known: "
                      f"{list(RUNTIMES) + list(EXTRA_RUNTIMES)}")
   results = {}
-  for batch in (int(b) for b in args.batches.split(",")):
-    workload = harness.Workload(name=args.model, mode="infer",
-                                dtype="float32", batch=batch,
-                                image_size=args.image_size, warmup=args.warmup)
-    harness.log(f"== batch {batch}")
-    results[batch] = harness.run(
-        workload, contestants(runtimes, not args.no_torch),
-        rounds=args.rounds, round_s=args.round_seconds,
-        quiet_load=args.quiet_load, max_retries=args.max_retries,
-        wait_quiet_s=args.wait_quiet, reference=REFERENCE)
+  artifacts = tempfile.mkdtemp(prefix="vit_bench_artifacts_")
+  try:
+    for batch in (int(b) for b in args.batches.split(",")):
+      workload = harness.Workload(name=args.model, mode="infer",
+                                  dtype="float32", batch=batch,
+                                  image_size=args.image_size,
+                                  warmup=args.warmup)
+      harness.log(f"== batch {batch}")
+      results[batch] = harness.run(
+          workload, contestants(runtimes, not args.no_torch, artifacts),
+          rounds=args.rounds, round_s=args.round_seconds,
+          quiet_load=args.quiet_load, max_retries=args.max_retries,
+          wait_quiet_s=args.wait_quiet, reference=REFERENCE)
+  finally:
+    shutil.rmtree(artifacts, ignore_errors=True)
   batches = sorted(results)
   gemms = machine.gemms_for(args, args.model, batches[-1], args.image_size,
                             dtypes=("float32",))

@@ -5,14 +5,19 @@ Started by :mod:`bench.worker` for the frameworks ``stablehlo``,
 protocol) and ``_inputs`` (the same images as every contestant). Setup,
 untimed: read the torch worker's weights, build the model
 (``convert.from_torchvision``), export it with :func:`vit_jax.export.export`
-(dynamic batch) into a temporary directory, load the artifact with its own
-runtime. A timed step is one call of the artifact on the batch, with the
-input already in the runtime's own array type and the result waited for.
+(dynamic batch) into ``artifact_dir`` (``bench/export.py``'s, shared by
+the batch sizes of one run: a later batch size loads the artifact made for
+the first, keyed by format and weights) or a temporary directory, load the
+artifact with its own runtime. A timed step is one call of the artifact on
+the batch, with the input already in the runtime's own array type and the
+result waited for.
 """
 
 from __future__ import annotations
 
+import hashlib
 import os
+import shutil
 import tempfile
 import time
 
@@ -66,17 +71,37 @@ def runtime_main(framework: str, spec, serve, inputs):
   from vit_jax import convert, export  # pylint: disable=import-outside-toplevel
 
   fmt = FORMATS[framework]
-  with np.load(spec["weights_in"]) as f:
-    state_dict = {k: f[k] for k in f.files}
-  model, variables = convert.from_torchvision(state_dict, spec["name"])
-  tmp = tempfile.mkdtemp(prefix=f"vit_bench_{fmt}_")
-  path = os.path.join(tmp, "artifact" + SUFFIX[fmt])
-  t = time.perf_counter()
-  if spec.get("onnx_route") == "jax2onnx":
-    _export_jax2onnx(model, variables, path)
+  route = spec.get("onnx_route") or "default"
+  cache = spec.get("artifact_dir")
+  if cache:  # one artifact per (format, route, weights), for every batch
+    with open(spec["weights_in"], "rb") as f:
+      digest = hashlib.sha256(f.read()).hexdigest()[:16]
+    folder = os.path.join(cache, f"{fmt}-{route}-{digest}")
   else:
-    export.export((model, variables), fmt, path)
-  export_s = time.perf_counter() - t
+    folder = tempfile.mkdtemp(prefix=f"vit_bench_{fmt}_")
+  name = "artifact" + SUFFIX[fmt]
+  path = os.path.join(folder, name)
+  reused = os.path.exists(path)
+  export_s = 0.0
+  if not reused:
+    with np.load(spec["weights_in"]) as f:
+      state_dict = {k: f[k] for k in f.files}
+    model, variables = convert.from_torchvision(state_dict, spec["name"])
+    # Written into a folder of its own and renamed whole (with any side
+    # files the format writes), so a later batch size never finds half an
+    # artifact.
+    partial = folder + ".partial"
+    shutil.rmtree(partial, ignore_errors=True)
+    os.makedirs(partial)
+    t = time.perf_counter()
+    if route == "jax2onnx":
+      _export_jax2onnx(model, variables, os.path.join(partial, name))
+    else:
+      export.export((model, variables), fmt, os.path.join(partial, name))
+    export_s = time.perf_counter() - t
+    if os.path.isdir(folder):  # mkdtemp's empty folder
+      os.rmdir(folder)
+    os.rename(partial, folder)
   images, _ = inputs(spec)
   step, info = _runner(fmt, path, images)
   setup_s = time.perf_counter() - t0
@@ -86,5 +111,5 @@ def runtime_main(framework: str, spec, serve, inputs):
   for _ in range(spec["warmup"]):
     step()
   check = np.asarray(check, np.float64).ravel()[:spec["check_size"]].tolist()
-  info.update(export_s=export_s, first_call_s=first_s)
+  info.update(export_s=export_s, first_call_s=first_s, artifact_reused=reused)
   serve(step, check, info, setup_s, first_s)

@@ -19,6 +19,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import shutil
 import statistics
 import subprocess
 import sys
@@ -262,6 +263,7 @@ def run(workload: Workload, contestants: List[Contestant], *, rounds: int = 5,
   finally:
     for w in workers:
       w.close()
+    shutil.rmtree(tmp, ignore_errors=True)  # the weights (350 MB for B/16)
 
   out: Dict[str, Any] = {"workload": dataclasses.asdict(workload),
                          "machine": machine.cpu_info(),
