@@ -2,6 +2,7 @@
 
     python bench/export.py --model vit_b_16 --batches 1,8 --rounds 5
     python bench/export.py --model vit_ti_16 --json > ti16.json
+    python bench/export.py --model vit_b_16 --batches 1,8 --isa avx2
 
 Contestants, each in its own child process (:mod:`bench.harness`), all on
 the same weights (torchvision's init, converted) and inputs, float32:
@@ -40,6 +41,10 @@ REFERENCE = "jax.jit"
 RUNTIMES = {"stablehlo": "stablehlo (jax.export)",
             "savedmodel": "savedmodel (TF)",
             "onnxruntime": "onnxruntime"}
+# What --isa avx2 cannot cap: onnxruntime's MLAS picks its kernels by CPUID
+# at run time and has no switch.
+UNCAPPED = ("onnxruntime is not capped by --isa (MLAS chooses its kernels by "
+            "CPUID, with no switch): its row runs this CPU's full ISA")
 # Not in the default set: the ONNX graph made by jax2onnx instead of
 # torch.onnx.export (needs jax2onnx importable; see bench/README.md).
 EXTRA_RUNTIMES = {"onnxruntime-jax2onnx": "onnxruntime (jax2onnx)"}
@@ -86,6 +91,7 @@ def build_parser() -> argparse.ArgumentParser:
   p.add_argument("--max-retries", type=int, default=2)
   p.add_argument("--wait-quiet", type=float, default=0.0, metavar="SECONDS")
   machine.add_gemm_args(p)
+  machine.add_isa_arg(p)
   p.add_argument("--json", action="store_true",
                  help="print one JSON object (the table goes to stderr)")
   return p
@@ -97,6 +103,7 @@ def run(args) -> dict:
   if unknown:
     raise SystemExit(f"unknown runtimes {unknown}; known: "
                      f"{list(RUNTIMES) + list(EXTRA_RUNTIMES)}")
+  isa_line = machine.set_isa(args.isa)
   results = {}
   artifacts = tempfile.mkdtemp(prefix="vit_bench_artifacts_")
   try:
@@ -120,6 +127,7 @@ def run(args) -> dict:
   return {"model": args.model, "image_size": args.image_size,
           "cpu": info["model_name"], "machine": info,
           "cpu_count": os.cpu_count(),
+          "isa": args.isa, "isa_line": isa_line,
           "gemms": gemms,
           "results": {str(b): r for b, r in results.items()}}
 
@@ -147,6 +155,9 @@ def format_table(rec: dict) -> str:
   lines = [
       machine.describe(rec.get("machine")) if rec.get("machine") else
       f"CPU: {rec.get('cpu')}",
+      *([rec["isa_line"]] if rec.get("isa_line") else []),
+      *([UNCAPPED] if rec.get("isa") == "avx2" and "onnxruntime" in " ".join(
+          first["contestants"]) else []),
       f"{rec['model']}  float32  {rec['image_size']}x{rec['image_size']}  |  "
       f"{first['workload']['warmup']} warm-up steps, "
       f"{len(first['rounds'])} alternating rounds per batch size",

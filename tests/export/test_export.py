@@ -425,7 +425,11 @@ def test_bench_export_smoke():
         assert c["info"]["artifact_reused"] == (batch == "2"), (label, batch)
   table = bench_export.format_table(rec)
   assert "batch 1: ms" in table and "batch 2: img/s" in table
-  assert rec["cpu"]
+  assert rec["cpu"] and rec["isa_line"].startswith("ISA: ")
+  # --isa avx2 cannot cap onnxruntime: an emulated table says so.
+  assert bench_export.UNCAPPED not in table
+  emulated = dict(rec, isa="avx2", isa_line="ISA: AVX2, emulated")
+  assert bench_export.UNCAPPED in bench_export.format_table(emulated)
 
 
 
