@@ -227,6 +227,10 @@ def jax_main(spec):
 
 def main():
   framework, spec = sys.argv[1], json.loads(sys.argv[2])
+  # TensorFlow's load-time INFO lines off the parent's screen, as in the
+  # CLIs (a runtime child imports it).
+  from vit_jax.data import console  # pylint: disable=import-outside-toplevel
+  console.quiet_native_logs()
   # Results go to the parent on stdout; everything else (framework logs and
   # warnings) to stderr.
   real_stdout = sys.stdout

@@ -403,8 +403,9 @@ def test_cli(tmp_path, capsys):
 
 
 @pytest.mark.slow
-def test_bench_export_smoke():
-  """bench/export.py runs every runtime end to end (no speed asserted)."""
+def test_bench_export_smoke(capfd):
+  """bench/export.py runs every runtime end to end (no speed asserted), its
+  runtime children without TensorFlow's load-time INFO lines."""
   import sys  # pylint: disable=import-outside-toplevel
   from train_helpers import REPO  # pylint: disable=import-outside-toplevel
   sys.path.insert(0, REPO)
@@ -430,6 +431,10 @@ def test_bench_export_smoke():
   assert bench_export.UNCAPPED not in table
   emulated = dict(rec, isa="avx2", isa_line="ISA: AVX2, emulated")
   assert bench_export.UNCAPPED in bench_export.format_table(emulated)
+  from vit_jax.data import console  # pylint: disable=import-outside-toplevel
+  err = capfd.readouterr().err.encode()
+  noise = [line for line in err.splitlines() if console.is_noise(line)]
+  assert not noise, noise[:3]
 
 
 
