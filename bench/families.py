@@ -45,6 +45,7 @@ def build_parser() -> argparse.ArgumentParser:
   p.add_argument("--warmup", type=int, default=2)
   p.add_argument("--wait-quiet", type=float, default=0.0, metavar="SECONDS")
   p.add_argument("--json", action="store_true")
+  machine.add_isa_arg(p)
   return p
 
 
@@ -64,6 +65,7 @@ def format_table(results) -> str:
   first = next(iter(results.values()))
   w = first["workload"]
   lines = [machine.describe(first["machine"]),
+           *([first["isa_line"]] if first.get("isa_line") else []),
            f"inference, {w['dtype']}, batch {w['batch']}, {w['image_size']}x"
            f"{w['image_size']}; {len(first['rounds'])} alternating rounds; "
            f"{first['cpu_count']} CPUs",
@@ -89,8 +91,10 @@ def format_table(results) -> str:
 def main(argv=None):
   console.quiet_native_logs()
   args = build_parser().parse_args(argv)
+  isa_line = machine.set_isa(args.isa)
   names = args.model or ["vit_small_patch16_dinov3", "eva02_tiny_patch14_224"]
-  results = {name: run_one(name, args) for name in names}
+  results = {name: dict(run_one(name, args), isa_line=isa_line)
+             for name in names}
   table = format_table(results)
   if args.json:
     print(table, file=sys.stderr)

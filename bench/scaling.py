@@ -192,12 +192,16 @@ def main(argv=None):
                  help="don't measure: print and plot the rows of an earlier "
                       "--json-out file")
   machine.add_gemm_args(p)
+  machine.add_isa_arg(p)
   args = p.parse_args(argv)
 
   results = {}
+  isa_line = None
   if args.from_json:
     with open(args.from_json) as f:
       results = json.load(f)
+  else:
+    isa_line = machine.set_isa(args.isa)
   points = [] if args.from_json else [
       (s, pt) for s in args.sweep for pt in SWEEPS[s]]
   for i, (sweep, point) in enumerate(points):
@@ -205,10 +209,13 @@ def main(argv=None):
     results.setdefault(sweep, []).append(run_point(point, args))
   if not args.from_json:
     results["machine"] = {"cpu": machine.cpu_info(),
-                          "gemms": machine.gemms_for(args)}
+                          "gemms": machine.gemms_for(args),
+                          "isa_line": isa_line}
   meta = results.get("machine", {})
   if meta.get("cpu"):
     print(machine.describe(meta["cpu"]))
+  if meta.get("isa_line"):
+    print(meta["isa_line"])
   if meta.get("gemms"):
     print(machine.format_gemms(meta["gemms"], args.dtype))
   best = machine.roofline(meta.get("gemms"), args.dtype)

@@ -202,6 +202,7 @@ def test_scaling_writes_table_png_and_json(tmp_path, monkeypatch, capsys):
   out = capsys.readouterr().out
   assert "jax ms/img if ~FLOPs" in out
   assert out.startswith("CPU: ") and "% GEMM" in out
+  assert out.splitlines()[1].startswith("ISA: native")  # real or emulated
   assert res["machine"]["gemms"]["rates"]
 
 
@@ -218,7 +219,9 @@ def test_families_bench_smoke():
   assert c["jax"]["img_per_sec"]["median"] > 0
   assert c["timm"]["img_per_sec"]["median"] > 0
   assert c["jax"]["check_max_abs_diff"] < 1e-4
-  assert "eva02_tiny_patch14_224" in families.format_table(res)
+  table = families.format_table(res)
+  assert "eva02_tiny_patch14_224" in table
+  assert table.splitlines()[1].startswith("ISA: native")  # real or emulated
 
 
 def test_same_graph_compares_lowered_programs(capsys):
