@@ -153,7 +153,19 @@ def set_isa(isa: str, info: Optional[Dict[str, Any]] = None) -> str:
     return "ISA: AVX2 (real: this CPU has no AVX-512)"
   return ("ISA: AVX2, emulated on this AVX-512 CPU (JAX: XLA_FLAGS="
           "--xla_cpu_max_isa=AVX2; torch: ATEN_CPU_CAPABILITY=avx2 "
-          "ONEDNN_MAX_CPU_ISA=AVX2 MKL_ENABLE_INSTRUCTIONS=AVX2)")
+          "ONEDNN_MAX_CPU_ISA=AVX2 MKL_ENABLE_INSTRUCTIONS=AVX2). " +
+          XLA_GEMMS_UNCAPPED)
+
+
+# Measured 2026-11-25 on an Intel Xeon (Emerald Rapids): XLA's 2048^3
+# float32 GEMM ran at 280-313 GFLOP/s with and without
+# --xla_cpu_max_isa=AVX2 (YNNPACK and Eigen alike), above what AVX2 can
+# reach on 2 cores there, while MKL capped at AVX2 gave 175-195. The flag
+# caps XLA's generated code, not its GEMM libraries.
+XLA_GEMMS_UNCAPPED = (
+    "Not capped: XLA's GEMM libraries (YNNPACK, Eigen) pick their kernels "
+    "by CPUID, so JAX's GEMMs may run this CPU's AVX-512: compare the XLA "
+    "and MKL rows of the GEMM table; a real AVX2 CPU is the reference.")
 
 
 def add_isa_arg(p: argparse.ArgumentParser):

@@ -246,6 +246,8 @@ def test_isa_avx2_caps_both_frameworks_and_says_so():
   has512 = machine.cpu_info()["isa"].get("AVX-512")
   assert rec["isa"] == "avx2"
   assert ("emulated on this AVX-512 CPU" in rec["isa_line"]) == bool(has512)
+  # XLA's GEMM libraries ignore --xla_cpu_max_isa: an emulated table says so.
+  assert (machine.XLA_GEMMS_UNCAPPED in rec["isa_line"]) == bool(has512)
   assert rec["isa_line"] in p.stderr  # the table printed with the result
   got = {c: v["info"]["isa_env"] for c, v in
          rec["details"]["contestants"].items()}
