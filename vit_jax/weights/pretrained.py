@@ -21,6 +21,7 @@ torchvision's released weights are records too (``vit_b_16.tv_in1k``).
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import difflib
 import fnmatch
@@ -177,6 +178,7 @@ def list_names(pattern: str = "*", pretrained: bool = False,
 FAMILY_PATTERNS = ("vit_*", "deit*", "eva02_*", "aimv2_*", "naflexvit_*")
 
 
+@contextlib.contextmanager
 def meta_device():
   """torch's meta device for building timm models without memory, ~3x
   faster than a bare ``torch.device("meta")``: timm's truncated-normal
@@ -185,8 +187,6 @@ def meta_device():
   quarters of the time to build every timm architecture). A meta tensor
   holds no values, so its ``clamp_`` is skipped here; every other op runs
   as on the plain meta device (the same parameters, shapes and dtypes)."""
-  import contextlib  # pylint: disable=import-outside-toplevel
-
   import torch  # pylint: disable=import-outside-toplevel
   from torch.overrides import TorchFunctionMode  # pylint: disable=import-outside-toplevel
 
@@ -198,10 +198,8 @@ def meta_device():
         return args[0]
       return func(*args, **(kwargs or {}))
 
-  stack = contextlib.ExitStack()
-  stack.enter_context(torch.device("meta"))
-  stack.enter_context(_NoMetaClamp())
-  return stack
+  with torch.device("meta"), _NoMetaClamp():
+    yield
 
 
 def _timm_architectures(patterns: Sequence[str] = FAMILY_PATTERNS):
