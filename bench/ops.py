@@ -16,9 +16,25 @@ instruction's ops and the source metadata JAX writes into it). torch:
 Groups: dense GEMMs (qkv / out / MLP / head, forward and backward), the
 attention's own matmuls (scores and values), softmax, LayerNorm, GELU, the
 patch embedding, the optimizer update, layout copies and transposes,
-other. Times are wall milliseconds per step spent inside each group's ops
-on the thread that ran them (both frameworks parallelise inside an op), so
-the groups add up to about the step's time.
+other. Times are milliseconds per step spent inside each group's ops, summed
+over the threads that ran them. XLA:CPU runs independent ops of the step at
+the same time, and an op's time in the trace then includes the time it
+waited for a thread the other op held: the JAX groups add up to more than
+the step (about twice on 2 cores), elementwise ops most inflated (an exact
+GELU fusion measured 0.5 ms alone and 9 ms in the step's trace). The table
+shows where each framework's ops are, not what each group costs.
+
+``--ablate`` measures what each group costs, in wall time: the step of each
+framework again with the group replaced by a near-free stand-in in both
+(attention: ``v + (q + k) * 1e-30``, keeping the projections and the
+head-major layout; LayerNorm: ``x * scale + bias``; GELU: the identity;
+and all three at once: what is left is the GEMMs, patch embedding, loss,
+optimizer and copies), each variant in its own child process, the
+variants alternating over ``--rounds`` rounds; a group's cost is the full
+step minus the step without it, paired within a round. The numbers the
+stand-ins compute are wrong, of course; only the time is read.
+
+    .venv/bin/python bench/ops.py --model vit_ti_16 --batch 16 --ablate --isa avx2
 """
 
 from __future__ import annotations
@@ -175,9 +191,15 @@ def jax_child(spec):
   from bench import steps  # pylint: disable=import-outside-toplevel
   from vit_jax import models  # pylint: disable=import-outside-toplevel
 
+  _jax_stand_ins(spec.get("ablate") or ())
   model = models.get_model(spec["model"], num_classes=1000,
                            **spec.get("overrides", {}))
   variables = models.init_params(model, spec["image_size"])
+  # Both frameworks zero the head at init: give it weights (as bench/worker.py
+  # does), so that the logits depend on the encoder.
+  head = variables["params"]["head"]
+  head["kernel"] = 0.02 * jax.random.normal(jax.random.key(0),
+                                            head["kernel"].shape)
   rng = np.random.default_rng(0)
   x = jnp.asarray(rng.standard_normal(
       (spec["batch"], spec["image_size"], spec["image_size"], 3)), jnp.float32)
@@ -195,8 +217,12 @@ def jax_child(spec):
 
     def step():
       return compiled(variables, x)
+  first = _fingerprint(np.asarray(jax.block_until_ready(step())))
   for _ in range(spec["warmup"]):
     jax.block_until_ready(step())
+  if spec.get("ablate") is not None:
+    return dict(wall_ms=_median_step_ms(lambda: jax.block_until_ready(step()),
+                                        spec["steps"]), first=first)
   t0 = time.perf_counter()
   for _ in range(spec["steps"]):
     jax.block_until_ready(step())
@@ -274,11 +300,14 @@ def torch_child(spec):
   from vit_jax import models  # pylint: disable=import-outside-toplevel
 
   torch.manual_seed(0)
+  _torch_stand_ins(spec.get("ablate") or ())
   v = dataclasses.asdict(models.decode_variant(spec["model"]))
   model = torchvision.models.VisionTransformer(
       image_size=spec["image_size"], patch_size=v["patch_size"],
       num_layers=v["num_layers"], num_heads=v["num_heads"],
       hidden_dim=v["hidden_size"], mlp_dim=v["mlp_dim"], num_classes=1000)
+  with torch.no_grad():
+    model.heads.head.weight.normal_(0.0, 0.02)
   rng = np.random.default_rng(0)
   x = torch.from_numpy(rng.standard_normal(
       (spec["batch"], 3, spec["image_size"], spec["image_size"])).astype(
@@ -293,14 +322,18 @@ def torch_child(spec):
       loss = torch.nn.functional.cross_entropy(model(x), y)
       loss.backward()
       opt.step()
+      return loss.detach()
   else:
     model.eval()
 
     def step():
       with torch.inference_mode():
-        model(x)
+        return model(x)
+  first = _fingerprint(step().numpy())
   for _ in range(spec["warmup"]):
     step()
+  if spec.get("ablate") is not None:
+    return dict(wall_ms=_median_step_ms(step, spec["steps"]), first=first)
   t0 = time.perf_counter()
   for _ in range(spec["steps"]):
     step()
@@ -319,6 +352,143 @@ def torch_child(spec):
     detail[f"{g}: {ev.name}"] += ms
   return dict(wall_ms=wall * 1e3, groups=dict(groups),
               top=detail.most_common(spec["top"]), threads=torch.get_num_threads())
+
+
+# --------------------------------------------------------------------------- #
+# --ablate: what a group costs the step, in wall time
+# --------------------------------------------------------------------------- #
+
+# The groups a stand-in can replace in both frameworks, and the stand-in.
+ABLATIONS = {
+    "attention": "v + (q + k) * 1e-30 (projections and head layout kept)",
+    "LayerNorm": "x * scale + bias",
+    "GELU": "identity",
+}
+_TINY = 1e-30
+
+
+def _median_step_ms(step, steps: int) -> float:
+  times = []
+  for _ in range(max(1, steps)):
+    t = time.perf_counter()
+    step()
+    times.append(time.perf_counter() - t)
+  times.sort()
+  return times[len(times) // 2] * 1e3
+
+
+def _fingerprint(out) -> list:
+  """The first step's loss (or first logits): what shows that a stand-in
+  replaced something (the same number with and without it would mean it
+  replaced nothing)."""
+  return [float(v) for v in out.ravel()[:4]]
+
+
+def _jax_stand_ins(groups):
+  """Replaces the kernels of ``groups`` (keys of :data:`ABLATIONS`) in
+  vit_jax.models.kernels, before the model is built (float32 paths)."""
+  from vit_jax.models import kernels  # pylint: disable=import-outside-toplevel
+  if "attention" in groups:
+    def attention(qh, kh, vh, scale, bias=None):
+      del scale, bias
+      q = qh.sum(axis=2, keepdims=True) if qh.shape != kh.shape else qh
+      return vh + (q + kh) * _TINY
+    kernels.attention = attention
+  if "LayerNorm" in groups:
+    def layer_norm(x, scale, bias, eps, out_dtype):
+      del eps
+      y = x if scale is None else x * scale
+      return (y if bias is None else y + bias).astype(out_dtype)
+    kernels.layer_norm = layer_norm
+  if "GELU" in groups:
+    kernels.bias_gelu = lambda y, bias: y + bias
+
+
+def _torch_stand_ins(groups):
+  """The same stand-ins in torch.nn.functional, which torchvision's ViT
+  calls (nn.LayerNorm, nn.GELU, nn.MultiheadAttention's SDPA)."""
+  import torch.nn.functional as F  # pylint: disable=import-outside-toplevel
+  if "attention" in groups:
+    def sdpa(q, k, v, *args, **kwargs):
+      del args, kwargs
+      q = q.sum(dim=-2, keepdim=True) if q.shape != k.shape else q
+      return v + (q + k) * _TINY
+    F.scaled_dot_product_attention = sdpa
+  if "LayerNorm" in groups:
+    def layer_norm(x, shape, weight=None, bias=None, eps=1e-5):
+      del shape, eps
+      y = x if weight is None else x * weight
+      return y if bias is None else y + bias
+    F.layer_norm = layer_norm
+  if "GELU" in groups:
+    F.gelu = lambda x, approximate="none": x
+
+
+def ablate(spec: dict, rounds: int) -> dict:
+  """Wall ms per step of each framework in full and with each group of
+  :data:`ABLATIONS` (and all of them) replaced; per round, the variants of
+  a framework run one after the other (the order reversed every other
+  round). Returns {fw: {variant: [ms per round]}} (variant '' is the full
+  step, 'all' all stand-ins at once) and {fw: {variant: the first step's
+  loss or logits}}."""
+  variants = [""] + list(ABLATIONS) + ["all"]
+  walls = {fw: {v: [] for v in variants} for fw in ("jax", "torch")}
+  firsts = {fw: {} for fw in ("jax", "torch")}
+  for r in range(rounds):
+    order = variants if r % 2 == 0 else variants[::-1]
+    for fw in ("jax", "torch"):
+      for v in order:
+        groups = list(ABLATIONS) if v == "all" else [v] if v else []
+        out = run_child(fw, dict(spec, ablate=groups))
+        walls[fw][v].append(out["wall_ms"])
+        firsts[fw][v] = out["first"]
+  return walls, firsts
+
+
+def _med(xs):
+  xs = sorted(xs)
+  n = len(xs)
+  return xs[n // 2] if n % 2 else (xs[n // 2 - 1] + xs[n // 2]) / 2
+
+
+def ablation_costs(walls: dict) -> dict:
+  """{fw: {group: (median, min, max)}}: a group's cost is the full step
+  minus the step without it, paired within each round; 'the rest' is the
+  step with every stand-in, 'step' the full step."""
+  out = {}
+  for fw, w in walls.items():
+    full = w[""]
+    costs = {g: [a - b for a, b in zip(full, w[g])] for g in ABLATIONS}
+    costs["the rest"] = w["all"]
+    costs["step"] = full
+    out[fw] = {g: (_med(c), min(c), max(c)) for g, c in costs.items()}
+  return out
+
+
+def format_ablation(res: dict) -> str:
+  c = res["costs"]
+  lines = [
+      machine.describe(res["machine"]), res["isa_line"],
+      f"{res['model']} {res['mode']} float32 batch {res['batch']} "
+      f"{res['image_size']}px: what each group costs the step in wall ms "
+      f"(the step minus the step with the group replaced by a stand-in in "
+      f"both frameworks; median of {res['rounds']} rounds (min..max), "
+      f"{res['steps']} steps per child process)",
+      "",
+      f"{'group':10} {'stand-in':54} {'JAX ms':>22} {'torch ms':>22} "
+      f"{'JAX - torch':>11}",
+  ]
+  rows = [(g, ABLATIONS[g]) for g in ABLATIONS] + [
+      ("the rest", "all three: GEMMs, embedding, loss, optimizer, copies"), ("step", "nothing replaced")]
+  for g, what in rows:
+    j, t = c["jax"][g], c["torch"][g]
+    cell = lambda m: f"{m[0]:.1f} ({m[1]:.1f}..{m[2]:.1f})"
+    lines.append(f"{g:10} {what:54} {cell(j):>22} {cell(t):>22} "
+                 f"{j[0] - t[0]:+11.1f}")
+  lines.append(
+      f"load average {res['load_before']:.2f} before, {res['load_after']:.2f}"
+      " after (other processes slow every variant alike only if steady)")
+  return "\n".join(lines)
 
 
 # --------------------------------------------------------------------------- #
@@ -355,6 +525,12 @@ def format_table(res: dict) -> str:
     lines.append(f"{g:20} {a:8.2f} {b:9.2f} {a - b:+12.2f}")
   a, b = sum(j["groups"].values()), sum(t["groups"].values())
   lines.append(f"{'sum of ops':20} {a:8.2f} {b:9.2f} {a - b:+12.2f}")
+  if a > 1.2 * j["wall_ms"]:
+    lines.append(
+        f"JAX's ops overlap: their times add up to {a / j['wall_ms']:.1f}x "
+        "the step (XLA runs independent ops at once; an op's time includes "
+        "waiting for a thread). Where each framework's ops are, not what "
+        "each group costs: --ablate measures that.")
   for fw in ("jax", "torch"):
     lines += ["", f"largest {fw} ops (ms/step):"]
     lines += [f"  {ms:8.2f}  {name}" for name, ms in res[fw]["top"]]
@@ -371,6 +547,11 @@ def main(argv=None) -> dict:
   p.add_argument("--warmup", type=int, default=3)
   p.add_argument("--top", type=int, default=12)
   p.add_argument("--json", action="store_true")
+  p.add_argument("--ablate", action="store_true",
+                 help="what each group costs in wall time: the step with "
+                 "the group replaced by a stand-in in both frameworks")
+  p.add_argument("--rounds", type=int, default=3,
+                 help="--ablate: rounds of every variant")
   machine.add_isa_arg(p)
   args = p.parse_args(argv)
   isa_line = machine.set_isa(args.isa)
@@ -379,6 +560,15 @@ def main(argv=None) -> dict:
               warmup=args.warmup, top=args.top)
   res = dict(spec, machine=machine.cpu_info(), isa=args.isa,
              isa_line=isa_line, load_before=os.getloadavg()[0])
+  if args.ablate:
+    res["rounds"] = args.rounds
+    res["walls"], res["first"] = ablate(spec, args.rounds)
+    res["costs"] = ablation_costs(res["walls"])
+    res["load_after"] = os.getloadavg()[0]
+    print(format_ablation(res))
+    if args.json:
+      print(json.dumps(res))
+    return res
   res["jax"] = run_child("jax", spec)
   res["torch"] = run_child("torch", spec)
   res["load_after"] = os.getloadavg()[0]

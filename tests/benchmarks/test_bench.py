@@ -293,3 +293,26 @@ def test_ops_profile_groups_both_frameworks(capsys):
   # step's wall time (the thunks run on the step's threads).
   j = res["jax"]
   assert 0.3 < sum(j["groups"].values()) / j["wall_ms"] < 3
+
+
+@pytest.mark.slow
+def test_ops_ablation_replaces_each_group_in_both_frameworks(capsys):
+  """bench/ops.py --ablate: every group's stand-in takes effect in both
+  frameworks (the first step's loss changes with it: a stand-in that
+  replaced nothing would leave it), and each group's cost is the full step
+  minus the step without it, paired within a round."""
+  from bench import ops  # pylint: disable=import-outside-toplevel
+  res = ops.main(["--model", "vit_ti_16", "--batch", "2", "--image-size",
+                  "32", "--steps", "1", "--warmup", "0", "--ablate",
+                  "--rounds", "1"])
+  out = capsys.readouterr().out
+  assert out.startswith("CPU: ") and "ISA: " in out
+  for fw in ("jax", "torch"):
+    first, walls, costs = res["first"][fw], res["walls"][fw], res["costs"][fw]
+    for v in list(ops.ABLATIONS) + ["all"]:
+      assert first[v] != first[""], (fw, v, first)
+    for g in ops.ABLATIONS:
+      assert costs[g][0] == pytest.approx(walls[""][0] - walls[g][0])
+    assert costs["the rest"][0] == walls["all"][0] > 0
+  for row in list(ops.ABLATIONS) + ["the rest", "step"]:
+    assert re.search(rf"^{re.escape(row)} ", out, re.M), (row, out)
