@@ -191,8 +191,8 @@ def test_attention_choice_per_backend(backend, dtype, head_dim, kw, want):
 
 
 @pytest.mark.parametrize("backend, dtype, bf16_hardware, want", [
-    ("cpu", jnp.float32, True, "plain"),
-    ("cpu", jnp.float32, False, "plain"),
+    ("cpu", jnp.float32, True, "plain_cpu"),
+    ("cpu", jnp.float32, False, "plain_cpu"),
     ("cpu", jnp.bfloat16, True, "low_cpu"),
     ("cpu", jnp.float16, True, "low_cpu"),
     ("cpu", jnp.bfloat16, False, "f32_cpu"),
@@ -274,6 +274,48 @@ def test_dense_backward_layout_per_backend(monkeypatch):
     assert len(dots) == 3
     assert all(v.aval.dtype == jnp.bfloat16 for e in dots for v in e.invars)
     assert sum(e.primitive.name == "transpose" for e in found) == transposes
+
+
+@pytest.mark.parametrize("k_in, n_out", [(24, 40), (40, 24), (16, 16)])
+def test_float32_cpu_dense_gradients_are_row_major_gemms(k_in, n_out):
+  """float32 on CPU ('plain_cpu'): the same value bit for bit as
+  ``x @ kernel + bias``, the gradients of autodiff's, and a backward whose
+  GEMMs all contract the last axis of their left operand (the kernel
+  gradient from one transposed copy of the narrower of x and g), where
+  autodiff contracts the (tokens, K) activations over their rows."""
+  x = jax.random.normal(jax.random.key(30), (3, 7, k_in))
+  w = jax.random.normal(jax.random.key(31), (k_in, n_out))
+  b = jax.random.normal(jax.random.key(32), (n_out,))
+  c = jax.random.normal(jax.random.key(33), (3, 7, n_out))
+  assert kernels.choose_dense("cpu", jnp.float32) == "plain_cpu"
+  ours = lambda x, w, b: kernels.dense(x, w, b, backend="cpu")
+  auto = lambda x, w, b: x @ w + b
+  np.testing.assert_array_equal(ours(x, w, b), auto(x, w, b))
+  loss = lambda f: lambda *a: jnp.sum(f(*a) * c)
+  g_ours = jax.grad(loss(ours), argnums=(0, 1, 2))(x, w, b)
+  g_auto = jax.grad(loss(auto), argnums=(0, 1, 2))(x, w, b)
+  x64 = np.asarray(x, np.float64).reshape(-1, k_in)
+  want_dw = x64.T @ np.asarray(c, np.float64).reshape(-1, n_out)
+  np.testing.assert_allclose(g_ours[1], want_dw, rtol=1e-5, atol=1e-5)
+  for a, r in zip(g_ours, g_auto):
+    np.testing.assert_allclose(a, r, rtol=1e-5, atol=1e-5)
+
+  def dots(f):
+    jaxpr = jax.make_jaxpr(jax.grad(loss(f), argnums=(0, 1)))(x, w, b)
+
+    def walk(j):
+      for e in j.eqns:
+        yield e
+        for sub in jax.extend.core.jaxprs_in_params(e.params):
+          yield from walk(sub)
+    return [e for e in walk(jaxpr.jaxpr) if e.primitive.name == "dot_general"]
+
+  def contracts_last(e):
+    (lhs_c, _), _ = e.params["dimension_numbers"]
+    return tuple(lhs_c) == (e.invars[0].aval.ndim - 1,)
+
+  assert len(dots(ours)) == 3 and all(contracts_last(e) for e in dots(ours))
+  assert not all(contracts_last(e) for e in dots(auto))
 
 
 def test_unknown_attention_impl_is_named():

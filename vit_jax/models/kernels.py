@@ -6,6 +6,10 @@
   path, about twice as fast as bf16 -> bf16. :func:`choose_dense` says which
   form a backend gets (the CPU one lays its backward GEMMs out for XLA:CPU's
   bf16 library).
+* :func:`matmul_cpu`: the float32 ``x @ kernel`` of every dense layer on
+  CPU, with its backward written out so that the kernel gradient is a
+  row-major GEMM for XLA:CPU's library (a transposed copy of the narrower
+  operand) instead of the Eigen GEMM over rows that autodiff leaves.
 * :func:`attention`: softmax(q k^T * scale) v on head-major operands with a
   hand-written backward pass and, for long sequences, a chunked loop
   (flash-attention style memory). The fastest attention on XLA:CPU.
@@ -31,7 +35,7 @@ from jax import lax
 _LOW_PRECISION = (jnp.bfloat16, jnp.float16)
 
 
-DENSE_IMPLS = ("plain", "low_cpu", "low", "f32_cpu")
+DENSE_IMPLS = ("plain", "plain_cpu", "low_cpu", "low", "f32_cpu")
 
 
 @functools.lru_cache(maxsize=1)
@@ -75,7 +79,16 @@ def choose_dense(backend: str, dtype, bf16_hardware: Optional[bool] = None
   ``backend`` (``jax.default_backend()``: 'cpu', 'gpu', 'tpu', ...).
 
   Returns:
-    ``'plain'`` for float32/float64: ``x @ kernel + bias`` and autodiff.
+    ``'plain'`` for float32/float64 off the CPU (and float64 on it):
+    ``x @ kernel + bias`` and autodiff.
+    ``'plain_cpu'`` for float32 on CPU: the same product through
+    :func:`matmul_cpu`, whose backward lays the kernel gradient out as a
+    row-major GEMM (XLA:CPU's YNNPACK) from a transposed copy of the
+    narrower of x and the output gradient. Autodiff leaves XLA:CPU
+    ``x^T g``, which it runs as an Eigen GEMM contracting over rows after
+    transposing the other operand, whichever is wider (the MLP's
+    (tokens, 4D) activations). ViT-Ti/16's train step: 1.15x with AVX2
+    emulated on a Zen 5, not slower on its AVX-512 (bench/README.md).
     ``'low_cpu'`` for bfloat16/float16 on CPU: :func:`_dense_low` with its
     backward GEMMs laid out for XLA:CPU's bf16 library (the input gradient
     as one NT dot, the kernel gradient from a materialised transpose), so
@@ -98,7 +111,8 @@ def choose_dense(backend: str, dtype, bf16_hardware: Optional[bool] = None
     gradients stay unrounded float32, as in ``'low_cpu'``.
   """
   if jnp.dtype(dtype) not in (jnp.dtype(t) for t in _LOW_PRECISION):
-    return "plain"
+    return "plain_cpu" if (backend == "cpu" and jnp.dtype(dtype) ==
+                           jnp.float32) else "plain"
   if backend != "cpu":
     return "low"
   if bf16_hardware is None:
@@ -117,12 +131,15 @@ def dense(x, kernel, bias=None, out_dtype=None, backend=None):
   if impl == "f32_cpu":
     _warn_no_bf16_hardware()
     f32 = jnp.float32
-    y = x.astype(f32) @ _rounded_to(kernel, x.dtype) + bias.astype(f32)
+    y = matmul_cpu(x.astype(f32), _rounded_to(kernel, x.dtype)) + bias.astype(
+        f32)
     return y.astype(out_dtype or x.dtype)
-  if impl != "plain":
+  if impl in ("low_cpu", "low"):
     return _dense_low(x, kernel, bias, jnp.dtype(out_dtype or x.dtype),
                       impl == "low_cpu")
-  y = x @ kernel.astype(x.dtype) + bias.astype(x.dtype)
+  k = kernel.astype(x.dtype)
+  y = (matmul_cpu(x, k) if impl == "plain_cpu" else x @ k) + bias.astype(
+      x.dtype)
   return y if out_dtype is None else y.astype(out_dtype)
 
 
@@ -155,9 +172,49 @@ def dense_gelu(x, kernel, bias, backend=None):
   memory traffic of the MLP's (tokens, mlp_dim) tensors is what costs on a
   2-channel CPU (bench/ops.py)."""
   impl = choose_dense(backend or jax.default_backend(), x.dtype)
-  if impl != "plain" or x.dtype != jnp.float32:
+  if impl not in ("plain", "plain_cpu") or x.dtype != jnp.float32:
     return None
-  return bias_gelu(x @ kernel.astype(x.dtype), bias.astype(x.dtype))
+  k = kernel.astype(x.dtype)
+  y = matmul_cpu(x, k) if impl == "plain_cpu" else x @ k
+  return bias_gelu(y, bias.astype(x.dtype))
+
+
+@jax.custom_vjp
+def matmul_cpu(x, kernel):
+  """``x (..., K) @ kernel (K, N)`` in float32 for XLA:CPU (see
+  :func:`choose_dense`, ``'plain_cpu'``): the forward is the plain product;
+  the backward computes ``dx = g kernel^T`` as one dot contracting both
+  last axes and the kernel gradient ``x^T g`` with
+  :func:`_kernel_grad_row_major`."""
+  return x @ kernel
+
+
+def _matmul_cpu_fwd(x, kernel):
+  return x @ kernel, (x, kernel)
+
+
+def _matmul_cpu_bwd(res, g):
+  x, kernel = res
+  dx = lax.dot_general(g, kernel, (((g.ndim - 1,), (1,)), ((), ())))
+  dkernel = _kernel_grad_row_major(x.reshape(-1, x.shape[-1]),
+                                   g.reshape(-1, g.shape[-1]), None)
+  return dx, dkernel
+
+
+matmul_cpu.defvjp(_matmul_cpu_fwd, _matmul_cpu_bwd)
+
+
+def _kernel_grad_row_major(x2, g2, accumulate):
+  """``x2^T @ g2`` ((M, K), (M, N) -> (K, N)) as a row-major GEMM: the
+  narrower operand transposed into a copy (:func:`materialized_transpose`),
+  and when that is ``g2``, the small (N, K) product transposed back.
+  ``accumulate``: the dot's ``preferred_element_type`` (None: the
+  operands')."""
+  dot = lambda a, b: lax.dot_general(a, b, (((1,), (0,)), ((), ())),
+                                     preferred_element_type=accumulate)
+  if x2.shape[1] <= g2.shape[1]:
+    return dot(materialized_transpose(x2), g2)
+  return materialized_transpose(dot(materialized_transpose(g2), x2))
 
 
 @jax.custom_vjp
@@ -224,13 +281,10 @@ def _dense_low_bwd(out_dtype, cpu_layout, res, g):
   # not take, so XLA:CPU would upcast it to a float32 Eigen GEMM. One copy of
   # the smaller operand, transposed, makes it a plain row-major GEMM in bf16
   # (2-3x faster, transpose included; bench/README.md).
-  if not cpu_layout:
-    dkernel = _dot(x2, g2, ((0,), (0,)))
-  elif x2.shape[1] <= g2.shape[1]:
-    dkernel = _dot(materialized_transpose(x2), g2, ((1,), (0,)))
+  if cpu_layout:
+    dkernel = _kernel_grad_row_major(x2, g2, f32)
   else:
-    dkernel = materialized_transpose(
-        _dot(materialized_transpose(g2), x2, ((1,), (0,))))
+    dkernel = _dot(x2, g2, ((0,), (0,)))
   dbias = jnp.sum(g.astype(f32).reshape(-1, g.shape[-1]), axis=0)
   return (dx.astype(x.dtype), dkernel.astype(kernel.dtype),
           dbias.astype(bias.dtype))
@@ -426,9 +480,10 @@ def _flat(t):
   return t.reshape((-1,) + t.shape[2:])
 
 
-def _flat_bias(bias, qh):
-  """(B, 1, 1, S) key bias -> (B*H, 1, S), one row per (batch, head)."""
-  b, h = qh.shape[0], qh.shape[1]
+def _flat_bias(bias, lead):
+  """(B, 1, 1, S) key bias -> (B*H, 1, S), one row per (batch, head);
+  ``lead``: (B, H)."""
+  b, h = lead
   return jnp.broadcast_to(bias, (b, h, 1, bias.shape[-1])).reshape(
       b * h, 1, bias.shape[-1])
 
@@ -436,7 +491,7 @@ def _flat_bias(bias, qh):
 def _attention_fwd(qh, kh, vh, scale, bias=None):
   g = attention_chunks(qh, kh)
   q, k, v = _flat(qh), _flat(kh), _flat(vh)
-  fb = None if bias is None else _flat_bias(bias, qh)
+  fb = None if bias is None else _flat_bias(bias, qh.shape[:2])
   if g is None:
     o, _, inv_l, e = _attention_block_fwd(q, k, v, scale, fb)
     m = None
@@ -451,13 +506,18 @@ def _attention_fwd(qh, kh, vh, scale, bias=None):
           lambda a: _attention_block_fwd(a[0], a[1], a[2], scale, a[3])[:3],
           (split(q), split(k), split(v), split(fb)))
     e = None
-  o = o.reshape(qh.shape)
-  return o, (qh, kh, vh, o, e, m, inv_l, bias)
+  # The residuals are the flat (B*H, N, hd) operands the products read, so
+  # that XLA makes one head-major copy of each for the forward and the
+  # backward (kept as (B, H, N, hd), it made two of q).
+  o = o.reshape(q.shape[:2] + v.shape[2:])
+  return o.reshape(qh.shape[:3] + vh.shape[3:]), (q, k, v, o, e, m, inv_l,
+                                                  bias)
 
 
 def _attention_bwd(scale, res, do):
-  qh, kh, vh, o, e, m, inv_l, bias = res
-  q, k, v, o, do = (_flat(t) for t in (qh, kh, vh, o, do))
+  q, k, v, o, e, m, inv_l, bias = res
+  lead = do.shape[:2]  # (B, H)
+  do = _flat(do)
   if e is not None:
     grads = _attention_block_bwd(q, k, v, o, e, inv_l, do, scale)
   else:
@@ -475,9 +535,9 @@ def _attention_bwd(scale, res, do):
 
     xs = (split(q), split(k), split(v), split(o), m, inv_l, split(do))
     if bias is not None:
-      xs += (split(_flat_bias(bias, qh)),)
+      xs += (split(_flat_bias(bias, lead)),)
     grads = lax.map(chunk, xs)
-  grads = tuple(d.reshape(t.shape) for d, t in zip(grads, (qh, kh, vh)))
+  grads = tuple(d.reshape(lead + t.shape[1:]) for d, t in zip(grads, (q, k, v)))
   return grads + (None if bias is None else jnp.zeros_like(bias),)
 
 
