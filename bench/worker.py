@@ -52,6 +52,11 @@ def _serve(step, check, info, setup_s, compile_s):
       "MKL_ENABLE_INSTRUCTIONS") if k in os.environ})
   _send({"ready": True, "setup_s": setup_s, "compile_s": compile_s,
          "check": check, "info": info})
+  try:  # bounds a long child's kept heap (vit_jax/train/host_memory.py)
+    from vit_jax.train.host_memory import HeapGuard  # pylint: disable=import-outside-toplevel
+    heap = HeapGuard(settle=1)
+  except ImportError:  # src= of a checkout from before it
+    heap = None
   for line in sys.stdin:
     msg = json.loads(line)
     if msg["cmd"] == "quit":
@@ -65,6 +70,8 @@ def _serve(step, check, info, setup_s, compile_s):
         times.append(time.perf_counter() - t)
       wall = time.perf_counter() - wall0
       _send({"wall_s": wall, "cpu_s": _cpu_seconds() - cpu0, "step_s": times})
+      if heap is not None:  # between turns: never inside a timed one
+        heap.step()
 
 
 # --------------------------------------------------------------------------- #

@@ -59,3 +59,46 @@ def test_switch_and_users_own_settings_are_kept(tmp_path, env):
 def test_not_wanted_off_glibc(monkeypatch):
   monkeypatch.setattr(platform, "libc_ver", lambda: ("", ""))
   assert not host_memory.wanted({})
+
+
+GROWN = r"""
+import ctypes, sys
+from vit_jax.train import host_memory
+libc = ctypes.CDLL("libc.so.6")
+libc.malloc.restype = ctypes.c_void_p
+libc.free.argtypes = [ctypes.c_void_p]
+guard = host_memory.HeapGuard(settle=1)
+print(guard.active, guard.step(), flush=True)  # the settled size
+size = 256 * 2 ** 20  # a step's temporaries, kept by the heap once freed
+p = libc.malloc(size)
+ctypes.memset(p, 1, size)
+libc.free(p)
+kept = host_memory.resident_bytes()
+trimmed = guard.step()
+print(trimmed, kept // 2 ** 20, host_memory.resident_bytes() // 2 ** 20)
+"""
+
+
+@pytest.mark.skipif(not GLIBC, reason="glibc's malloc only")
+def test_the_heap_guard_hands_a_grown_heap_back(tmp_path):
+  """With MALLOC_ENV glibc keeps a freed 256 MiB block resident (the heap
+  that grew to 8 GiB); HeapGuard, once the resident size has grown past
+  1.5x its settled size, hands the free pages back."""
+  script = tmp_path / "grown.py"
+  script.write_text(GROWN)
+  env = {k: v for k, v in os.environ.items()
+         if k != "GLIBC_TUNABLES" and not k.startswith("MALLOC_")}
+  env.update(host_memory.MALLOC_ENV, PYTHONPATH=REPO)
+  first, second = subprocess.run(
+      [PYTHON, str(script)], env=env, capture_output=True, text=True,
+      check=True).stdout.splitlines()
+  assert first == "True False"
+  trimmed, kept, after = second.split()
+  assert trimmed == "True" and int(kept) - int(after) > 200, second
+
+
+def test_the_heap_guard_is_off_without_the_environment():
+  assert not host_memory.in_effect({})
+  assert host_memory.in_effect(dict(host_memory.MALLOC_ENV)) == GLIBC
+  guard = host_memory.HeapGuard(active=False)
+  assert not any(guard.step() for _ in range(5)) and guard.baseline == 0

@@ -33,7 +33,7 @@ from typing import Any, Dict, Optional, Sequence
 
 import jax
 
-from vit_jax.train import (checkpoint, metrics, multihost, optim, sharding, init as train_init, step as train_step)
+from vit_jax.train import (checkpoint, host_memory, metrics, multihost, optim, sharding, init as train_init, step as train_step)
 from vit_jax.data import batches, sources
 from vit_jax.models import kernels
 
@@ -297,8 +297,10 @@ def train_and_evaluate(config, workdir: str, *,
     return row
 
   step, preempted, vote = start, False, None
+  heap = host_memory.HeapGuard()
   with multihost.Preemption(data_sh) as preemption:
     while step < total:
+      heap.step()
       # Dispatching a step can block on the previous one's all-reduce (its
       # donated buffers): a wait for the other processes too.
       with waits.waiting(f"step {step + 1}'s dispatch (step {step}'s "
