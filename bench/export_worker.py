@@ -32,7 +32,9 @@ def _runner(fmt: str, path: str, images: np.ndarray):
   """(step, info): one synchronous call of the artifact on ``images``."""
   if fmt == "stablehlo":
     import jax  # pylint: disable=import-outside-toplevel
+    from bench import ynnpack_isa  # pylint: disable=import-outside-toplevel
     from vit_jax import export  # pylint: disable=import-outside-toplevel
+    ynnpack_isa.apply_from_environment()  # --isa avx2
     art = export.load_stablehlo(path)
     x = jax.device_put(images)
     return (lambda: art(x).block_until_ready()), {"jax": jax.__version__}

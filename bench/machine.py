@@ -37,6 +37,8 @@ if __package__ in (None, ""):  # `python bench/machine.py`
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
+from bench import ynnpack_isa  # pylint: disable=wrong-import-position
+
 # /proc/cpuinfo flag -> the name printed in tables.
 ISA_FLAGS = {
     "avx2": "AVX2",
@@ -128,9 +130,12 @@ def cpu_info() -> Dict[str, Any]:
 # would run. Children of the run inherit it (contestants, GEMM probes).
 ISAS = ("native", "avx2")
 EMULATE_AVX2 = {
-    "XLA_FLAGS": "--xla_cpu_max_isa=AVX2",  # JAX
+    "XLA_FLAGS": "--xla_cpu_max_isa=AVX2",  # JAX's generated code
+    ynnpack_isa.ENV: "avx2",  # JAX's YNNPACK GEMMs (bench/ynnpack_isa.py)
     "ATEN_CPU_CAPABILITY": "avx2",  # torch's own kernels
-    "ONEDNN_MAX_CPU_ISA": "AVX2",  # torch's oneDNN (bf16, conv)
+    # torch's oneDNN (bf16, conv) and the oneDNN sgemm under XLA's Eigen
+    # dots (e.g. a transposed operand, contracting dimension 0)
+    "ONEDNN_MAX_CPU_ISA": "AVX2",
     "MKL_ENABLE_INSTRUCTIONS": "AVX2",  # torch's float32 GEMMs
 }
 
@@ -152,20 +157,19 @@ def set_isa(isa: str, info: Optional[Dict[str, Any]] = None) -> str:
   if not has512:
     return "ISA: AVX2 (real: this CPU has no AVX-512)"
   return ("ISA: AVX2, emulated on this AVX-512 CPU (JAX: XLA_FLAGS="
-          "--xla_cpu_max_isa=AVX2; torch: ATEN_CPU_CAPABILITY=avx2 "
+          "--xla_cpu_max_isa=AVX2, ONEDNN_MAX_CPU_ISA=AVX2, YNNPACK's "
+          "kernels capped at AVX2+FMA3; torch: ATEN_CPU_CAPABILITY=avx2 "
           "ONEDNN_MAX_CPU_ISA=AVX2 MKL_ENABLE_INSTRUCTIONS=AVX2). " +
-          XLA_GEMMS_UNCAPPED)
+          EMULATION_CAVEAT)
 
 
-# Measured 2026-11-25 on an Intel Xeon (Emerald Rapids): XLA's 2048^3
-# float32 GEMM ran at 280-313 GFLOP/s with and without
-# --xla_cpu_max_isa=AVX2 (YNNPACK and Eigen alike), above what AVX2 can
-# reach on 2 cores there, while MKL capped at AVX2 gave 175-195. The flag
-# caps XLA's generated code, not its GEMM libraries.
-XLA_GEMMS_UNCAPPED = (
-    "Not capped: XLA's GEMM libraries (YNNPACK, Eigen) pick their kernels "
-    "by CPUID, so JAX's GEMMs may run this CPU's AVX-512: compare the XLA "
-    "and MKL rows of the GEMM table; a real AVX2 CPU is the reference.")
+# The cores stay AVX-512 ones (cache, memory, clocks, how fast each AVX2
+# instruction retires). Measured 2026-11-25 on an AMD EPYC Zen 5: capped
+# YNNPACK 217-252 GFLOP/s on ViT-Ti/16's shapes against capped MKL 212-219;
+# on a real Zen 3 the two ran at the same 182-187.
+EMULATION_CAVEAT = (
+    "The cores are still this CPU's: compare the XLA and MKL rows of the "
+    "GEMM table; a real AVX2 CPU is the reference.")
 
 
 def add_isa_arg(p: argparse.ArgumentParser):
@@ -242,6 +246,7 @@ def _time_gemm(run, flop: float, seconds: float, repeats: int = 5) -> float:
 
 def _child_jax(shapes, dtypes, seconds):
   import jax  # pylint: disable=import-outside-toplevel
+  ynnpack_isa.apply_from_environment()
   import jax.numpy as jnp  # pylint: disable=import-outside-toplevel
   import numpy as np  # pylint: disable=import-outside-toplevel
   out = []

@@ -188,6 +188,9 @@ def jax_child(spec):
   import jax.numpy as jnp  # pylint: disable=import-outside-toplevel
   import numpy as np  # pylint: disable=import-outside-toplevel
 
+  from bench import ynnpack_isa  # pylint: disable=import-outside-toplevel
+  ynnpack_isa.apply_from_environment()  # --isa avx2
+
   from bench import steps  # pylint: disable=import-outside-toplevel
   from vit_jax import models  # pylint: disable=import-outside-toplevel
 

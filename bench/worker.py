@@ -49,7 +49,8 @@ def _serve(step, check, info, setup_s, compile_s):
   synchronous step (it must block until the result is ready)."""
   info = dict(info, isa_env={k: os.environ[k] for k in (
       "XLA_FLAGS", "ATEN_CPU_CAPABILITY", "ONEDNN_MAX_CPU_ISA",
-      "MKL_ENABLE_INSTRUCTIONS") if k in os.environ})
+      "MKL_ENABLE_INSTRUCTIONS", "VIT_JAX_BENCH_YNNPACK_ISA")
+      if k in os.environ})
   _send({"ready": True, "setup_s": setup_s, "compile_s": compile_s,
          "check": check, "info": info})
   try:  # bounds a long child's kept heap (vit_jax/train/host_memory.py)
@@ -165,10 +166,11 @@ def torch_main(spec):
 
 def jax_main(spec):
   t0 = time.perf_counter()
-  if spec.get("src"):
-    sys.path.insert(0, spec["src"])
   import jax  # pylint: disable=import-outside-toplevel
   import jax.numpy as jnp  # pylint: disable=import-outside-toplevel
+  import vit_jax  # pylint: disable=import-outside-toplevel
+  from bench import ynnpack_isa  # pylint: disable=import-outside-toplevel
+  ynnpack = ynnpack_isa.apply_from_environment()  # --isa avx2
   from vit_jax import convert  # pylint: disable=import-outside-toplevel
 
   overrides = dict(spec.get("model_overrides") or {})
@@ -227,13 +229,20 @@ def jax_main(spec):
   check = np.asarray(check, np.float64).ravel()[:spec["check_size"]].tolist()
   info = {"jax": jax.__version__, "devices": str(jax.devices()),
           "xla_flags": os.environ.get("XLA_FLAGS", ""),
-          "overrides": {k: str(v) for k, v in overrides.items()}}
+          "overrides": {k: str(v) for k, v in overrides.items()},
+          # which checkout ran (ab.py's src=)
+          "vit_jax": os.path.dirname(os.path.abspath(vit_jax.__file__))}
+  if ynnpack:
+    info["ynnpack_flags"] = {"before": ynnpack[0], "after": ynnpack[1]}
   info["memory"] = mem
   _serve(step, check, info, setup_s, compile_s)
 
 
 def main():
   framework, spec = sys.argv[1], json.loads(sys.argv[2])
+  if spec.get("src"):  # ab.py's src=: vit_jax from that checkout, so it
+    # goes on the path before anything imports vit_jax
+    sys.path.insert(0, spec["src"])
   # TensorFlow's load-time INFO lines off the parent's screen, as in the
   # CLIs (a runtime child imports it).
   from vit_jax.data import console  # pylint: disable=import-outside-toplevel

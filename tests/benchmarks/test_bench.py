@@ -4,6 +4,7 @@ reports what it promises. Nothing here asserts a speed."""
 import json
 import os
 import re
+import shutil
 import subprocess
 import sys
 import time
@@ -13,7 +14,7 @@ import pytest
 from train_helpers import REPO  # noqa: E402
 sys.path.insert(0, REPO)
 
-from bench import ab, bench, flops, machine  # noqa: E402  pylint: disable=wrong-import-position
+from bench import ab, bench, flops, machine, ynnpack_isa  # noqa: E402  pylint: disable=wrong-import-position
 from vit_jax import models  # noqa: E402  pylint: disable=wrong-import-position
 
 TINY = ["--model", "vit_ti_16", "--image-size", "32", "--batch", "2",
@@ -246,15 +247,70 @@ def test_isa_avx2_caps_both_frameworks_and_says_so():
   has512 = machine.cpu_info()["isa"].get("AVX-512")
   assert rec["isa"] == "avx2"
   assert ("emulated on this AVX-512 CPU" in rec["isa_line"]) == bool(has512)
-  # XLA's GEMM libraries ignore --xla_cpu_max_isa: an emulated table says so.
-  assert (machine.XLA_GEMMS_UNCAPPED in rec["isa_line"]) == bool(has512)
+  # An emulated table says that the cores are still the AVX-512 CPU's.
+  assert (machine.EMULATION_CAVEAT in rec["isa_line"]) == bool(has512)
   assert rec["isa_line"] in p.stderr  # the table printed with the result
   got = {c: v["info"]["isa_env"] for c, v in
          rec["details"]["contestants"].items()}
   assert "--xla_cpu_max_isa=AVX2" in got["jax"]["XLA_FLAGS"]
   assert got["torch"]["ATEN_CPU_CAPABILITY"] == "avx2"
   assert got["torch"]["ONEDNN_MAX_CPU_ISA"] == "AVX2"
+  # JAX's GEMM libraries ignore --xla_cpu_max_isa: oneDNN (under XLA's Eigen
+  # dots) is capped by its variable, YNNPACK by bench/ynnpack_isa.py.
+  assert got["jax"]["ONEDNN_MAX_CPU_ISA"] == "AVX2"
+  flags = rec["details"]["contestants"]["jax"]["info"]["ynnpack_flags"]
+  assert flags["after"] == flags["before"] & ynnpack_isa.AVX2_FMA3_BITS
+  assert bool(flags["before"] & ynnpack_isa.AVX512F_BIT) == bool(has512)
+  assert not flags["after"] & ynnpack_isa.AVX512F_BIT
   assert rec["jax_img_per_sec"] > 0 and rec["torch_img_per_sec"] > 0
+
+
+_YNN_PROBE = """
+import sys, numpy as np, jax, jax.numpy as jnp
+from bench import ynnpack_isa
+rs = np.random.RandomState(0)
+a = rs.standard_normal((256, 384)).astype(np.float32)
+b = rs.standard_normal((384, 512)).astype(np.float32)
+print(ynnpack_isa.apply_from_environment())
+got = np.asarray(jax.jit(jnp.matmul)(a, b), np.float64)
+want = a.astype(np.float64) @ b.astype(np.float64)
+print(float(np.abs(got - want).max() / np.abs(want).max()))
+"""
+
+
+def test_ynnpack_cap_changes_its_kernels_not_its_results():
+  """bench/ynnpack_isa.py: with $VIT_JAX_BENCH_YNNPACK_ISA=avx2 a child
+  clears YNNPACK's AVX-512 flags before compiling, and its GEMMs still give
+  the right numbers; any other value is refused."""
+  env = dict(os.environ, PYTHONPATH=REPO, JAX_PLATFORMS="cpu")
+  env[ynnpack_isa.ENV] = "avx2"
+  p = subprocess.run([sys.executable, "-c", _YNN_PROBE], cwd=REPO, env=env,
+                     capture_output=True, text=True, timeout=300)
+  assert p.returncode == 0, p.stderr[-3000:]
+  flags, err = p.stdout.strip().splitlines()[-2:]
+  before, after = (int(v) for v in flags.strip("()").split(","))
+  assert after == before & ynnpack_isa.AVX2_FMA3_BITS and after
+  assert float(err) < 1e-5
+  env[ynnpack_isa.ENV] = "avx512"
+  p = subprocess.run([sys.executable, "-c", _YNN_PROBE], cwd=REPO, env=env,
+                     capture_output=True, text=True, timeout=300)
+  assert p.returncode != 0 and "expected 'avx2' or unset" in p.stderr
+
+
+def test_ab_src_runs_the_other_checkout(tmp_path, capsys):
+  """ab.py's src=PATH: the JAX worker imports vit_jax from PATH."""
+  other = tmp_path / "checkout"
+  shutil.copytree(os.path.join(REPO, "vit_jax"), other / "vit_jax",
+                  ignore=shutil.ignore_patterns("__pycache__"))
+  res = ab.main(["--model", "vit_ti_16", "--image-size", "32", "--batch", "1",
+                 "--rounds", "1", "--round-seconds", "0.05",
+                 "--max-retries", "0", "--gemm-seconds", "0.02",
+                 "--gemm-square", "128", "--config", "here:",
+                 "--config", f"there:src={other}"])
+  capsys.readouterr()
+  got = {c: v["info"]["vit_jax"] for c, v in res["contestants"].items()}
+  assert got["here"] == os.path.join(REPO, "vit_jax")
+  assert got["there"] == str(other / "vit_jax")
 
 
 def test_naflex_bench_smoke(capsys):
