@@ -174,9 +174,10 @@ def format_table(rec: dict) -> str:
       ("bfloat16 on a CPU without bf16 arithmetic: vit_jax runs the dense "
        "layers' GEMMs in float32 here (kernels.choose_dense: 'f32_cpu'); "
        "float32 is the faster choice on this CPU." if no_bf16 else
-       "bfloat16 emulated AVX2: XLA's bf16 GEMM kernels still use the CPU's "
-       "AVX512-BF16 (they do not follow --xla_cpu_max_isa), so bf16 numbers "
-       "here are not an AVX2 CPU's." if w["dtype"] == "bfloat16" and
+       "bfloat16 emulated AVX2: vit_jax picks its bf16 GEMMs from this "
+       "CPU's real AVX512-BF16 (kernels.choose_dense), which the capped "
+       "GEMM libraries then run without, so bf16 numbers here are not an "
+       "AVX2 CPU's." if w["dtype"] == "bfloat16" and
        rec.get("isa") == "avx2" and isa.get("AVX512-BF16") else ""),
       f"{w['name']}  {w['mode']}  {w['dtype']}  batch {w['batch']}  "
       f"{w['image_size']}x{w['image_size']}  |  {rec['rounds']} alternating "
