@@ -9,6 +9,11 @@ Each ``--config`` is ``LABEL:KEY=VALUE;KEY=VALUE...`` with keys
   donate=false  don't donate the train state
   env.NAME=V    an environment variable for that child
 The first config is the reference; ratios are per-round paired ratios.
+``--processes N`` runs each config in N child processes (``a``, ``a/2``,
+...): alternating rounds cancel a slow spell of the machine, not a slow
+process, and on a VM the same config has differed by 0.86x between two
+processes (bench/README.md); the summary gives each config's spread over
+its processes.
 
     .venv/bin/python bench/ab.py --model vit_b_16 --mode infer --batch 8 \\
         --config "base:" --config "onednn:flags=--xla_cpu_use_onednn=true"
@@ -18,7 +23,9 @@ The first config is the reference; ratios are per-round paired ratios.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
+import statistics
 import os
 import sys
 
@@ -56,6 +63,35 @@ def parse_config(text: str) -> harness.Contestant:
   return harness.Contestant(label, "jax", options=options,
                             xla_flags=" ".join(f for f in flags if f),
                             env=env)
+
+
+def replicate(cs, processes: int):
+  """Each config ``processes`` times: ``a``, ``a/2``, ``a/3``, ..."""
+  if processes < 1:
+    raise ValueError(f"--processes {processes}: expected 1 or more")
+  return [c if i == 0 else dataclasses.replace(c, label=f"{c.label}/{i + 1}")
+          for c in cs for i in range(processes)]
+
+
+def format_processes(res, labels, processes: int) -> str:
+  """Per config, over its processes: each process's median img/s and
+  paired ratio against the reference's first process, then their median
+  and range."""
+  if processes < 2:
+    return ""
+  lines = [f"per config over its {processes} processes (ratio: each "
+           f"process against {labels[0]}, the reference's first)"]
+  for lab in labels:
+    got = [res["contestants"][lab if i == 0 else f"{lab}/{i + 1}"]
+           for i in range(processes)]
+    rates = [c["img_per_sec"]["median"] for c in got]
+    ratios = [c["ratio_vs_reference"]["median"] for c in got]
+    lines.append(
+        f"{lab:14s} img/s {statistics.median(rates):7.2f} "
+        f"[{min(rates):.2f}-{max(rates):.2f}]   vs {labels[0]} "
+        f"{statistics.median(ratios):.3f}x [{min(ratios):.2f}-"
+        f"{max(ratios):.2f}]   ({', '.join(f'{r:.3f}x' for r in ratios)})")
+  return "\n".join(lines)
 
 
 def format_table(res, reference: str, rounds: int) -> str:
@@ -111,12 +147,17 @@ def main(argv=None):
                  help="pin both frameworks to these CPUs (default: all)")
   p.add_argument("--wait-quiet", type=float, default=0.0, metavar="SECONDS")
   p.add_argument("--config", action="append", required=True)
+  p.add_argument("--processes", type=int, default=1, metavar="N",
+                 help="run each config in N child processes and give its "
+                      "spread over them (a slow process is not cancelled "
+                      "by alternating rounds)")
   machine.add_gemm_args(p)
   machine.add_isa_arg(p)
   p.add_argument("--json", action="store_true")
   args = p.parse_args(argv)
   isa_line = machine.set_isa(args.isa)
-  cs = [parse_config(c) for c in args.config]
+  base = [parse_config(c) for c in args.config]
+  cs = replicate(base, args.processes)
   workload = harness.Workload(name=args.model, mode=args.mode,
                               dtype=args.dtype, batch=args.batch,
                               image_size=args.image_size)
@@ -129,6 +170,9 @@ def main(argv=None):
   res["isa"], res["isa_line"] = args.isa, isa_line
   table = format_table(res, cs[0].label, args.rounds).split("\n", 1)
   print("\n".join([table[0], isa_line] + table[1:]))
+  summary = format_processes(res, [c.label for c in base], args.processes)
+  if summary:
+    print("\n" + summary)
   if args.json:
     print(json.dumps(res))
   return res

@@ -47,7 +47,7 @@ def _send(obj):
 def _serve(step, check, info, setup_s, compile_s):
   """Answers run requests until told to quit. ``step()`` runs one
   synchronous step (it must block until the result is ready)."""
-  info = dict(info, isa_env={k: os.environ[k] for k in (
+  info = dict(info, pid=os.getpid(), isa_env={k: os.environ[k] for k in (
       "XLA_FLAGS", "ATEN_CPU_CAPABILITY", "ONEDNN_MAX_CPU_ISA",
       "MKL_ENABLE_INSTRUCTIONS", "VIT_JAX_BENCH_YNNPACK_ISA")
       if k in os.environ})

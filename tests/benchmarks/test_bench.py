@@ -168,6 +168,26 @@ def test_ab_runs_two_configs_side_by_side(capsys):
   assert {r["dtype"] for r in res["gemms"]["rates"]} == {"float32"}
 
 
+def test_ab_processes_repeats_each_config(capsys):
+  """--processes 2: each config in two child processes, and a summary of
+  each config's spread over them."""
+  assert [c.label for c in ab.replicate(
+      [ab.parse_config("a:"), ab.parse_config("b:opt.scan_layers=true")],
+      2)] == ["a", "a/2", "b", "b/2"]
+  with pytest.raises(ValueError, match="expected 1 or more"):
+    ab.replicate([ab.parse_config("a:")], 0)
+  res = ab.main(["--model", "vit_ti_16", "--image-size", "32", "--batch", "1",
+                 "--rounds", "1", "--round-seconds", "0.05",
+                 "--max-retries", "0", "--no-gemm", "--processes", "2",
+                 "--config", "a:", "--config", "b:"])
+  out = capsys.readouterr().out
+  assert set(res["contestants"]) == {"a", "a/2", "b", "b/2"}
+  # four child processes, not one answering under four labels
+  assert len({c["info"]["pid"] for c in res["contestants"].values()}) == 4
+  assert "per config over its 2 processes" in out
+  assert re.search(r"^b +img/s .* vs a \d\.\d{3}x \[", out, re.M)
+
+
 def test_memory_and_compile_time_scripts_run():
   from bench import compile_time, memory  # pylint: disable=import-outside-toplevel
   m = memory.measure("vit_ti_16", 2, 32, "none")
