@@ -165,8 +165,9 @@ def set_isa(isa: str, info: Optional[Dict[str, Any]] = None) -> str:
 
 # The cores stay AVX-512 ones (cache, memory, clocks, how fast each AVX2
 # instruction retires). Measured 2026-11-25 on an AMD EPYC Zen 5: capped
-# YNNPACK 217-252 GFLOP/s on ViT-Ti/16's shapes against capped MKL 212-219;
-# on a real Zen 3 the two ran at the same 182-187.
+# XLA 207-255 GFLOP/s on ViT-Ti/16's shapes against capped MKL 215-222
+# (bench/results/zen5_2026-11-25_avx2capped_ti16_train_b16.txt); on a real
+# Zen 3 the two ran at the same 182-187.
 EMULATION_CAVEAT = (
     "The cores are still this CPU's: compare the XLA and MKL rows of the "
     "GEMM table; a real AVX2 CPU is the reference.")
@@ -431,14 +432,17 @@ def main(argv=None):
   p.add_argument("--batch", type=int, default=8)
   p.add_argument("--image-size", type=int, default=224)
   add_gemm_args(p)
+  add_isa_arg(p)
   p.add_argument("--json", action="store_true")
   p.add_argument("--child", default=None, help=argparse.SUPPRESS)
   args = p.parse_args(argv)
   if args.child:
     return _child_main(args.child)
   info = cpu_info()
+  isa_line = set_isa(args.isa, info)
   gemms = gemms_for(args, args.model, args.batch, args.image_size)
   print(describe(info))
+  print(isa_line)
   if gemms:
     print(format_gemms(gemms))
   if args.json:

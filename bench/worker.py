@@ -25,6 +25,8 @@ import time
 
 import numpy as np
 
+from bench import ynnpack_isa
+
 
 def _cpu_seconds() -> float:
   r = resource.getrusage(resource.RUSAGE_SELF)
@@ -49,8 +51,7 @@ def _serve(step, check, info, setup_s, compile_s):
   synchronous step (it must block until the result is ready)."""
   info = dict(info, pid=os.getpid(), isa_env={k: os.environ[k] for k in (
       "XLA_FLAGS", "ATEN_CPU_CAPABILITY", "ONEDNN_MAX_CPU_ISA",
-      "MKL_ENABLE_INSTRUCTIONS", "VIT_JAX_BENCH_YNNPACK_ISA")
-      if k in os.environ})
+      "MKL_ENABLE_INSTRUCTIONS", ynnpack_isa.ENV) if k in os.environ})
   _send({"ready": True, "setup_s": setup_s, "compile_s": compile_s,
          "check": check, "info": info})
   try:  # bounds a long child's kept heap (vit_jax/train/host_memory.py)
@@ -169,7 +170,6 @@ def jax_main(spec):
   import jax  # pylint: disable=import-outside-toplevel
   import jax.numpy as jnp  # pylint: disable=import-outside-toplevel
   import vit_jax  # pylint: disable=import-outside-toplevel
-  from bench import ynnpack_isa  # pylint: disable=import-outside-toplevel
   ynnpack = ynnpack_isa.apply_from_environment()  # --isa avx2
   from vit_jax import convert  # pylint: disable=import-outside-toplevel
 

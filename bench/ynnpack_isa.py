@@ -13,8 +13,9 @@ first program is compiled.
 Benchmarks only (``bench/machine.py`` sets ``VIT_JAX_BENCH_YNNPACK_ISA`` for
 every child of an ``--isa avx2`` run); the library never touches it.
 Measured on an AMD EPYC Zen 5 (2 vCPUs), (3152, 768) x (768, 3072) float32:
-YNNPACK native 375 GFLOP/s, with ``--xla_cpu_max_isa=AVX2`` alone 351-361,
-capped here 217; MKL capped at AVX2 191-219.
+XLA native 363 GFLOP/s, with ``--xla_cpu_max_isa=AVX2`` alone 353, capped
+here 204; MKL capped at AVX2 190
+(bench/results/zen5_2026-11-25_ynnpack_cap_gemm.txt).
 """
 from __future__ import annotations
 

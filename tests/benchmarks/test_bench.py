@@ -188,6 +188,16 @@ def test_ab_processes_repeats_each_config(capsys):
   assert re.search(r"^b +img/s .* vs a \d\.\d{3}x \[", out, re.M)
 
 
+def test_machine_cli_names_the_cpu_the_isa_and_the_gemm_rates(capsys):
+  """bench/machine.py alone: the CPU, the ISA line and the GEMM table."""
+  res = machine.main(["--gemm-seconds", "0.02", "--gemm-square", "64",
+                      "--isa", "native"])
+  out = capsys.readouterr().out.splitlines()
+  assert out[0].startswith("CPU: ") and out[1].startswith("ISA: native")
+  assert any(r["framework"] == "jax" and r["gflops"] > 0
+             for r in res["gemms"]["rates"])
+
+
 def test_memory_and_compile_time_scripts_run():
   from bench import compile_time, memory  # pylint: disable=import-outside-toplevel
   m = memory.measure("vit_ti_16", 2, 32, "none")
