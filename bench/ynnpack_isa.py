@@ -20,6 +20,7 @@ here 204; MKL capped at AVX2 190
 from __future__ import annotations
 
 import ctypes
+import mmap
 import os
 import struct
 from typing import Dict, Iterable, Optional
@@ -41,8 +42,12 @@ def elf_symbols(path: str, names: Iterable[str],
   """``{name: (value, size, shndx)}`` of the wanted symbols in a 64-bit
   little-endian ELF file's ``section`` (``.symtab`` or ``.dynsym``)."""
   want = set(names)
-  with open(path, "rb") as f:
-    data = f.read()
+  with open(path, "rb") as f, mmap.mmap(f.fileno(), 0,
+                                        access=mmap.ACCESS_READ) as data:
+    return _symbols(data, path, want, section)
+
+
+def _symbols(data, path, want, section):
   if data[:4] != b"\x7fELF" or data[4] != 2 or data[5] != 1:
     raise ValueError(f"{path}: not a 64-bit little-endian ELF file")
   shoff, = struct.unpack_from("<Q", data, 0x28)
@@ -55,7 +60,7 @@ def elf_symbols(path: str, names: Iterable[str],
   shstr_off = sections[shstrndx][2]
 
   def cstr(off):
-    return data[off:data.index(b"\0", off)].decode("ascii", "replace")
+    return data[off:data.find(b"\0", off)].decode("ascii", "replace")
 
   out = {}
   for name, _, off, size, link, entsize in sections:
