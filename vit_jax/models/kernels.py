@@ -402,6 +402,10 @@ def attention(qh, kh, vh, scale, bias=None):
     of left to autodiff: ``ds = e * (dp - rowsum(do * o)) / l`` needs one
     elementwise pass over (N, N) and an (N, hd) reduction, where softmax's
     autodiff reduces over (N, N) and materialises more (N, N) temporaries.
+  * the products e v (forward) and ds k (backward) each have a row sum of
+    e in their own fusion: XLA:CPU's YNNPACK runs a batched product of
+    (N, N) x (N, hd) blocks alone on one core, and with a reduction fused
+    in on all of them (ViT-Ti/16's attention forward + backward: 1.13x).
   * above ``FUSED_ATTENTION_MAX_KEYS`` keys, (batch, head) pairs go through
     a loop in cache-sized chunks, and the backward pass recomputes the
     exponentials from the saved row maxima instead of keeping every (N, N)
@@ -426,41 +430,63 @@ def _swap_last(x):
 
 
 def _attention_block_fwd(q, k, v, scale, bias=None):
-  """(G, N, hd) blocks -> output, row max of the logits, 1 / row sum of
-  exp(logits - max), and those exponentials. ``bias``: None or (G, 1, S)
-  added to the logits."""
+  """(G, N, hd) blocks -> output, row max of the logits and the exponentials
+  exp(logits - max). ``bias``: None or (G, 1, S) added to the logits."""
   s = _bdot(q * jnp.asarray(scale, q.dtype), k, ((2,), (2,)))
   if bias is not None:
     s = s + bias
   m = jnp.max(s, axis=-1, keepdims=True)
   e = jnp.exp(s - m)
-  inv_l = 1.0 / jnp.sum(e, axis=-1, keepdims=True)
-  o = _bdot(e.astype(v.dtype), v, ((2,), (1,)))
-  return (o * inv_l).astype(v.dtype), m, inv_l, e
+  # The row sum is used here and nowhere else, so XLA:CPU puts it in the
+  # same YNNPACK fusion as the product, which then runs on every core; a
+  # product alone of (N, N) x (N, hd) blocks runs one block at a time on one
+  # core (bench/README.md). The backward pass recomputes the sums it needs.
+  o = _bdot(e.astype(v.dtype), v, ((2,), (1,))) / _row_sum(e)
+  return o.astype(v.dtype), m, e
 
 
-def _attention_block_bwd(q, k, v, o, e, inv_l, do, scale):
+def _row_sum(e):
+  return jnp.sum(e, axis=-1, keepdims=True)
+
+
+def _recomputed_row_sum(e, *tie):
+  """rowsum(e), computed again rather than shared with another rowsum(e):
+  the optimization barrier (with ``tie``, so that two of them differ) keeps
+  XLA from merging the reductions, so each stays in the fusion of the one
+  product it scales (one (N, N) read each, ~0.1 ms for ViT-Ti/16's blocks,
+  against ~1 ms saved per product)."""
+  return _row_sum(lax.optimization_barrier((e,) + tie)[0])
+
+
+def _attention_block_bwd(q, k, v, o, e, do, scale):
   f32 = jnp.float32
-  # p = e * inv_l is never materialised: 1/l is folded into (N, hd) terms.
+  # p = e / l is never materialised, and neither is ds = p * (dp - delta):
+  # the (N, N) pass computes e * (dp - delta), and 1/l (with the scale) is
+  # applied to (N, hd) terms: the output of dq = ds k, and the operands q
+  # and do of dk = ds^T q and dv = p^T do. The sum for dq is a fresh one in
+  # dq's fusion (see _attention_block_fwd), so that dq runs on every core.
   # Every product accumulates in float32 (the fast bf16 path on CPU).
+  inv_l = 1.0 / _recomputed_row_sum(e)
   do_l = (do * inv_l).astype(do.dtype)
+  q_l = (q * (inv_l * scale)).astype(q.dtype)
   dp = _bdot(do, v, ((2,), (2,)))
   # rowsum(dp * p) == rowsum(do * o): softmax's Jacobian-vector product.
   delta = jnp.sum(do.astype(f32) * o.astype(f32), axis=-1, keepdims=True)
-  ds = (e * ((dp - delta) * (inv_l * scale))).astype(q.dtype)
-  dq = _bdot(ds, k, ((2,), (1,)))
+  ds = (e * (dp - delta)).astype(q.dtype)
+  dq = _bdot(ds, k, ((2,), (1,))) * (scale / _recomputed_row_sum(e, ds))
   e = e.astype(do.dtype)
   if q.dtype in _LOW_PRECISION:
-    # dv = e^T (do / l) and dk = ds^T q contract over the rows of both
+    # dv = e^T (do / l) and dk = ds^T (q / l) contract over the rows of both
     # operands, a layout XLA:CPU's bf16 GEMM library does not take (it would
     # upcast them to float32 Eigen GEMMs); computed transposed, as
-    # (do / l)^T e and q^T ds, from copies of the small (N, hd) operands,
-    # they stay bf16 (~1.5x faster attention backward, bench/README.md).
+    # (do / l)^T e and (q / l)^T ds, from copies of the small (N, hd)
+    # operands, they stay bf16 (~1.5x faster attention backward,
+    # bench/README.md).
     dv = _swap_last(_bdot(_swap_last(do_l), e, ((2,), (1,))))
-    dk = _swap_last(_bdot(_swap_last(q), ds, ((2,), (1,))))
+    dk = _swap_last(_bdot(_swap_last(q_l), ds, ((2,), (1,))))
   else:  # float32: Eigen contracts over rows directly, faster than copies
     dv = _bdot(e, do_l, ((1,), (1,)))
-    dk = _bdot(ds, q, ((1,), (1,)))
+    dk = _bdot(ds, q_l, ((1,), (1,)))
   return dq.astype(q.dtype), dk.astype(k.dtype), dv.astype(v.dtype)
 
 
@@ -493,47 +519,45 @@ def _attention_fwd(qh, kh, vh, scale, bias=None):
   q, k, v = _flat(qh), _flat(kh), _flat(vh)
   fb = None if bias is None else _flat_bias(bias, qh.shape[:2])
   if g is None:
-    o, _, inv_l, e = _attention_block_fwd(q, k, v, scale, fb)
+    o, _, e = _attention_block_fwd(q, k, v, scale, fb)
     m = None
   else:
     split = lambda t: t.reshape(-1, g, *t.shape[1:])
     if fb is None:
-      o, m, inv_l = lax.map(
-          lambda a: _attention_block_fwd(*a, scale)[:3],
+      o, m = lax.map(
+          lambda a: _attention_block_fwd(*a, scale)[:2],
           (split(q), split(k), split(v)))
     else:
-      o, m, inv_l = lax.map(
-          lambda a: _attention_block_fwd(a[0], a[1], a[2], scale, a[3])[:3],
+      o, m = lax.map(
+          lambda a: _attention_block_fwd(a[0], a[1], a[2], scale, a[3])[:2],
           (split(q), split(k), split(v), split(fb)))
     e = None
   # The residuals are the flat (B*H, N, hd) operands the products read, so
   # that XLA makes one head-major copy of each for the forward and the
   # backward (kept as (B, H, N, hd), it made two of q).
   o = o.reshape(q.shape[:2] + v.shape[2:])
-  return o.reshape(qh.shape[:3] + vh.shape[3:]), (q, k, v, o, e, m, inv_l,
-                                                  bias)
+  return o.reshape(qh.shape[:3] + vh.shape[3:]), (q, k, v, o, e, m, bias)
 
 
 def _attention_bwd(scale, res, do):
-  q, k, v, o, e, m, inv_l, bias = res
+  q, k, v, o, e, m, bias = res
   lead = do.shape[:2]  # (B, H)
   do = _flat(do)
   if e is not None:
-    grads = _attention_block_bwd(q, k, v, o, e, inv_l, do, scale)
+    grads = _attention_block_bwd(q, k, v, o, e, do, scale)
   else:
     g = m.shape[1]
     split = lambda t: t.reshape(-1, g, *t.shape[1:])
 
     def chunk(args):
-      q_c, k_c, v_c, o_c, m_c, inv_l_c, do_c = args[:7]
+      q_c, k_c, v_c, o_c, m_c, do_c = args[:6]
       s = _bdot(q_c * jnp.asarray(scale, q_c.dtype), k_c, ((2,), (2,)))
-      if len(args) > 7:
-        s = s + args[7]
+      if len(args) > 6:
+        s = s + args[6]
       e_c = jnp.exp(s - m_c)  # the forward's exponentials, recomputed
-      return _attention_block_bwd(q_c, k_c, v_c, o_c, e_c, inv_l_c, do_c,
-                                  scale)
+      return _attention_block_bwd(q_c, k_c, v_c, o_c, e_c, do_c, scale)
 
-    xs = (split(q), split(k), split(v), split(o), m, inv_l, split(do))
+    xs = (split(q), split(k), split(v), split(o), m, split(do))
     if bias is not None:
       xs += (split(_flat_bias(bias, lead)),)
     grads = lax.map(chunk, xs)
