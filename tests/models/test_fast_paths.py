@@ -170,6 +170,45 @@ def test_long_sequences_take_the_chunked_path_with_the_same_result():
     np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-5)
 
 
+def _fused_computations(hlo: str) -> dict:
+  """name -> body of each computation in an HLO module's text."""
+  out, name = {}, None
+  for line in hlo.splitlines():
+    m = re.match(r"^%?([\w.\-]+) .*\{$", line)
+    if m and not line.startswith(" "):
+      name, out[m.group(1)] = m.group(1), []
+    elif name is not None and line.startswith("  "):
+      out[name].append(line)
+  return {k: "\n".join(v) for k, v in out.items()}
+
+
+@pytest.mark.skipif(jax.default_backend() != "cpu", reason="XLA:CPU layout")
+def test_cpu_attention_products_share_a_fusion_with_a_row_sum():
+  """XLA:CPU's YNNPACK runs a batched (N, N) x (N, hd) product alone on one
+  core and, with a reduction in its fusion, on all of them: e v (forward)
+  and ds k (backward) each carry a row sum of e that nothing else uses.
+  (XLA fuses the reduction from about 24 (batch, head) blocks of ViT-Ti's
+  197 x 64 on: ViT-Ti/16's batch 8.)"""
+  q, k, v, g = (kernels.head_major(t) for t in _qkv(b=8, n=197, h=3, hd=64)
+                + _qkv(b=8, n=197, h=3, hd=64, seed=1)[:1])
+
+  def fwd_bwd(q, k, v, g):
+    o, vjp = jax.vjp(lambda *a: kernels.attention(*a, 0.125), q, k, v)
+    return o, vjp(g)
+
+  hlo = jax.jit(fwd_bwd).lower(q, k, v, g).compile().as_text()
+  comps = _fused_computations(hlo)
+  ynn = re.findall(r"kind=kCustom, calls=%([\w.\-]+).*__ynn_fusion", hlo)
+  if not ynn:
+    pytest.skip("this XLA:CPU does not use YNNPACK")
+  # the (G, N, hd) outputs of products contracting over the N keys
+  products = [c for c in ynn if re.search(
+      r"f32\[24,197,64\]\S* dot\(.*lhs_contracting_dims=\{2\}", comps[c])]
+  assert len(products) == 2, (ynn, products)
+  for c in products:
+    assert " reduce(" in comps[c], comps[c]
+
+
 @pytest.mark.parametrize("backend, dtype, head_dim, kw, want", [
     ("cpu", jnp.float32, 64, {}, "matmul"),
     ("cpu", jnp.bfloat16, 64, {}, "matmul"),
