@@ -33,6 +33,15 @@ def _cpu_seconds() -> float:
   return r.ru_utime + r.ru_stime
 
 
+def _counters() -> dict:
+  """Per-process counters that explain a slow turn: page faults (memory
+  handed back and touched again) and context switches (involuntary: the
+  scheduler took a core away)."""
+  r = resource.getrusage(resource.RUSAGE_SELF)
+  return {"minflt": r.ru_minflt, "majflt": r.ru_majflt,
+          "nivcsw": r.ru_nivcsw}
+
+
 def _inputs(spec):
   rs = np.random.RandomState(spec["seed"])
   b, s = spec["batch"], spec["image_size"]
@@ -59,21 +68,27 @@ def _serve(step, check, info, setup_s, compile_s):
     heap = HeapGuard(settle=1)
   except ImportError:  # src= of a checkout from before it
     heap = None
+  trimmed = False
   for line in sys.stdin:
     msg = json.loads(line)
     if msg["cmd"] == "quit":
       return
     if msg["cmd"] == "run":
       times = []
+      cnt0 = _counters()
       cpu0, wall0 = _cpu_seconds(), time.perf_counter()
       for _ in range(int(msg["iters"])):
         t = time.perf_counter()
         step()
         times.append(time.perf_counter() - t)
       wall = time.perf_counter() - wall0
-      _send({"wall_s": wall, "cpu_s": _cpu_seconds() - cpu0, "step_s": times})
-      if heap is not None:  # between turns: never inside a timed one
-        heap.step()
+      cpu = _cpu_seconds() - cpu0
+      cnt = {k: v - cnt0[k] for k, v in _counters().items()}
+      _send(dict(cnt, wall_s=wall, cpu_s=cpu, step_s=times,
+                 trimmed_before=trimmed))
+      # Between turns, never inside a timed one; the next turn's reply says
+      # whether it started on a trimmed heap (its pages to fault in again).
+      trimmed = bool(heap.step()) if heap is not None else False
 
 
 # --------------------------------------------------------------------------- #
