@@ -271,7 +271,8 @@ def run(workload: Workload, contestants: List[Contestant], *, rounds: int = 5,
             "other_load": res["other_load"], "tries": len(tries),
             "iters": n,
             # Why a turn was slow, when it was: the hypervisor's steal (in
-            # cores), page faults per step (a trimmed heap touched again),
+            # cores), page faults per step (a trimmed heap touched again, or
+            # a step's temporaries placed in new memory: docs/performance.md),
             # involuntary context switches per second.
             "steal": res.get("steal", 0.0),
             "faults_per_step": res.get("minflt", 0) / n,
