@@ -142,16 +142,23 @@ class Worker:
         self.proc.kill()
 
 
-def busy_cpu_seconds() -> float:
-  """CPU-seconds spent busy by the whole machine so far (from /proc/stat)."""
+def _proc_stat_cpu() -> List[float]:
+  """The machine's CPU-seconds so far, per /proc/stat column (user nice
+  system idle iowait irq softirq steal ...); [] where there is none."""
   try:
     with open("/proc/stat") as f:
-      vals = [int(v) for v in f.readline().split()[1:]]
+      return [int(v) / os.sysconf("SC_CLK_TCK")
+              for v in f.readline().split()[1:]]
   except OSError:
+    return []
+
+
+def busy_cpu_seconds() -> float:
+  """CPU-seconds spent busy by the whole machine so far (from /proc/stat)."""
+  vals = _proc_stat_cpu()
+  if len(vals) < 5:
     return float("nan")
-  # user nice system idle iowait irq softirq steal ...
-  busy = sum(vals[:8]) - vals[3] - vals[4]
-  return busy / os.sysconf("SC_CLK_TCK")
+  return sum(vals[:8]) - vals[3] - vals[4]
 
 
 def wait_for_quiet(max_wait_s: float, quiet_load: float,
@@ -170,12 +177,10 @@ def wait_for_quiet(max_wait_s: float, quiet_load: float,
 def steal_seconds() -> float:
   """CPU-seconds the hypervisor gave to other guests so far (/proc/stat's
   steal column): time this machine's cores did not run at all."""
-  try:
-    with open("/proc/stat") as f:
-      vals = [int(v) for v in f.readline().split()[1:]]
-  except OSError:
+  vals = _proc_stat_cpu()
+  if not vals:
     return float("nan")
-  return vals[7] / os.sysconf("SC_CLK_TCK") if len(vals) > 7 else 0.0
+  return vals[7] if len(vals) > 7 else 0.0
 
 
 def _timed_turn(w: Worker, iters: int) -> Dict[str, Any]:
