@@ -7,6 +7,9 @@ Each ``--config`` is ``LABEL:KEY=VALUE;KEY=VALUE...`` with keys
                 exported with ``git worktree add /tmp/base HEAD``)
   opt.FIELD=V   a model override (opt.scan_layers=true, opt.remat_policy=dots)
   donate=false  don't donate the train state
+  release_wait=false  dispatch each step as soon as the last one's result
+                is ready, without waiting for XLA to free its temporaries
+                (bench/worker.py's ReleaseWait)
   env.NAME=V    an environment variable for that child
 The first config is the reference; ratios are per-round paired ratios.
 ``--processes N`` runs each config in N child processes (``a``, ``a/2``,
@@ -49,8 +52,8 @@ def parse_config(text: str) -> harness.Contestant:
       flags.append(v)
     elif k == "src":
       options["src"] = os.path.abspath(v)
-    elif k == "donate":
-      options["donate"] = v.lower() in ("1", "true", "yes")
+    elif k in ("donate", "release_wait"):
+      options[k] = v.lower() in ("1", "true", "yes")
     elif k.startswith("env."):
       env[k[4:]] = v
     elif k.startswith("opt."):

@@ -282,13 +282,21 @@ def run(workload: Workload, contestants: List[Contestant], *, rounds: int = 5,
             "steal": res.get("steal", 0.0),
             "faults_per_step": res.get("minflt", 0) / n,
             "nivcsw_per_s": res.get("nivcsw", 0) / res["wall_s"],
-            "trimmed_before": res.get("trimmed_before", False)}
+            "trimmed_before": res.get("trimmed_before", False),
+            # JAX: time spent waiting for XLA to free a step's temporaries
+            # before the next step (worker.ReleaseWait), ms per step.
+            "release_wait_ms": 1000 * res.get("release_wait_s", 0.0) / n,
+            "release_timeouts": res.get("release_timeouts", 0)}
       per_round.append(row)
       log(f"[round {r + 1}/{rounds}] " + "  ".join(
           f"{k} {v['img_per_sec']:.2f} img/s (cpu {v['cpu_use']:.2f}, "
           f"others {v['other_load']:.2f}, steal {v['steal']:.2f}, "
           f"faults/step {v['faults_per_step']:.0f}, "
           f"preempt/s {v['nivcsw_per_s']:.0f}"
+          + (f", release wait {v['release_wait_ms']:.1f} ms/step"
+             if v["release_wait_ms"] else "")
+          + (f", {v['release_timeouts']} release waits timed out"
+             if v["release_timeouts"] else "")
           + (", after a heap trim" if v["trimmed_before"] else "") + ")"
           for k, v in row.items()))
   finally:

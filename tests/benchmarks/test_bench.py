@@ -14,7 +14,7 @@ import pytest
 from train_helpers import REPO  # noqa: E402
 sys.path.insert(0, REPO)
 
-from bench import ab, bench, flops, machine, ynnpack_isa  # noqa: E402  pylint: disable=wrong-import-position
+from bench import ab, bench, flops, machine, worker, ynnpack_isa  # noqa: E402  pylint: disable=wrong-import-position
 from vit_jax import models  # noqa: E402  pylint: disable=wrong-import-position
 
 TINY = ["--model", "vit_ti_16", "--image-size", "32", "--batch", "2",
@@ -115,6 +115,7 @@ def test_bench_jax_vs_torch_json(mode, capsys):
   assert first["steal"] >= 0 and first["nivcsw_per_s"] >= 0
   assert first["faults_per_step"] >= 0
   assert isinstance(first["trimmed_before"], bool)
+  assert first["release_wait_ms"] >= 0 and first["release_timeouts"] == 0
   table = bench.format_table(rec)
   assert "vs torch" in table and "img/s" in table
   # Every table names the CPU; with the GEMMs timed, the roofline column.
@@ -408,3 +409,39 @@ def test_ops_ablation_replaces_each_group_in_both_frameworks(capsys):
     assert costs["the rest"][0] == walls["all"][0] > 0
   for row in list(ops.ABLATIONS) + ["the rest", "step"]:
     assert re.search(rf"^{re.escape(row)} ", out, re.M), (row, out)
+
+
+def test_release_wait_waits_until_the_block_is_freed():
+  """bench/worker.py's JAX step waits until XLA has freed the step's
+  temporaries (freed on another thread, after the result is ready) before
+  the next step; here a 64 MiB block freed by a timer thread."""
+  import ctypes  # pylint: disable=import-outside-toplevel
+  import threading  # pylint: disable=import-outside-toplevel
+  libc = ctypes.CDLL("libc.so.6")
+  libc.malloc.restype = ctypes.c_void_p
+  libc.free.argtypes = [ctypes.c_void_p]
+  size = 64 * 2 ** 20
+  wait = worker.ReleaseWait(size, timeout_s=2.0)
+  wait.settle()
+  assert wait.limit is not None
+  t0 = time.perf_counter()
+  wait()  # nothing to wait for
+  assert time.perf_counter() - t0 < 0.05
+  block = libc.malloc(size)
+  ctypes.memset(block, 1, size)
+  threading.Timer(0.2, libc.free, (block,)).start()
+  t0 = time.perf_counter()
+  wait()
+  assert time.perf_counter() - t0 >= 0.15 and wait.timeouts == 0
+  # A block that stays: the wait gives up after timeout_s and counts it.
+  short = worker.ReleaseWait(size, timeout_s=0.05)
+  short.settle()
+  block = libc.malloc(size)
+  ctypes.memset(block, 1, size)
+  short()
+  libc.free(block)
+  assert short.timeouts == 1
+  # Small temporaries: nothing to wait for.
+  small = worker.ReleaseWait(2 ** 20)
+  small.settle()
+  assert small.limit is None
