@@ -18,15 +18,16 @@ def adamw(lr: float = 1e-3, weight_decay: float = 0.05):
   return optax.adamw(lr, weight_decay=weight_decay)
 
 
-def make_infer_step(model):
-  return jax.jit(functools.partial(_infer, model))
+def make_infer_step(model, compiler_options=None):
+  return jax.jit(functools.partial(_infer, model),
+                 compiler_options=compiler_options)
 
 
 def _infer(model, variables, images):
   return model.apply(variables, images, train=False)
 
 
-def make_train_step(model, tx, *, donate: bool = True):
+def make_train_step(model, tx, *, donate: bool = True, compiler_options=None):
   def train_step(params, opt_state, images, labels):
     def loss_fn(p):
       logits = model.apply({"params": p}, images, train=True)
@@ -36,7 +37,8 @@ def make_train_step(model, tx, *, donate: bool = True):
     updates, opt_state = tx.update(grads, opt_state, params)
     return optax.apply_updates(params, updates), opt_state, loss
 
-  return jax.jit(train_step, donate_argnums=(0, 1) if donate else ())
+  return jax.jit(train_step, donate_argnums=(0, 1) if donate else (),
+                 compiler_options=compiler_options)
 
 
 def abstract_train_args(model, tx, batch: int, image_size: int):

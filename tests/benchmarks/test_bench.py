@@ -14,7 +14,7 @@ import pytest
 from train_helpers import REPO  # noqa: E402
 sys.path.insert(0, REPO)
 
-from bench import ab, bench, flops, machine, worker, ynnpack_isa  # noqa: E402  pylint: disable=wrong-import-position
+from bench import ab, bench, flops, inprocess, machine, worker, ynnpack_isa  # noqa: E402  pylint: disable=wrong-import-position
 from vit_jax import models  # noqa: E402  pylint: disable=wrong-import-position
 
 TINY = ["--model", "vit_ti_16", "--image-size", "32", "--batch", "2",
@@ -445,3 +445,41 @@ def test_release_wait_waits_until_the_block_is_freed():
   small = worker.ReleaseWait(2 ** 20)
   small.settle()
   assert small.limit is None
+
+
+def test_inprocess_ab_steps_every_config_in_one_process(capsys):
+  """bench/inprocess.py: one child compiles each configuration (a compile
+  option, a model option) and steps them in rotation; the table and the
+  record give each one's median step time and its ratio to the first."""
+  res = inprocess.main([
+      "--model", "vit_ti_16", "--batch", "2", "--image-size", "32",
+      "--steps", "3", "--warmup", "1", "--config", "base:",
+      "--config", "memopt:flags=--xla_cpu_scheduler_type="
+      "CPU_SCHEDULER_TYPE_MEMORY_OPTIMIZED",
+      "--config", "scan:opt.scan_layers=true"])
+  table = capsys.readouterr().out
+  assert table.startswith("CPU: ") and "one process" in table
+  summ = res["summary"]
+  assert list(summ) == ["base", "memopt", "scan"]
+  assert summ["base"]["time_ratio"] == 1.0
+  for c in summ.values():
+    assert c["steps"] == 3 and 0 <= c["faulted"] <= 3
+  # The same weights and batch in every configuration: the same first loss.
+  checks = [res["info"][k]["check"] for k in summ]
+  assert max(checks) - min(checks) < 1e-4, checks
+  assert all(res["info"][k]["memory"]["temp"] > 0 for k in summ)
+
+
+def test_inprocess_ab_options_and_what_it_refuses():
+  assert inprocess.compile_options(
+      "--xla_a=true --xla_b=3 --xla_c=NAME --xla_d=False") == {
+          "xla_a": True, "xla_b": 3, "xla_c": "NAME", "xla_d": False}
+  with pytest.raises(ValueError, match="expected --xla_name=value"):
+    inprocess.compile_options("xla_a")
+  with pytest.raises(ValueError, match="need a process of their own"):
+    inprocess.parse_config("old:src=/tmp")
+  with pytest.raises(ValueError, match="need a process of their own"):
+    inprocess.parse_config("x:env.FOO=1")
+  c = inprocess.parse_config("s:opt.scan_layers=true;donate=false")
+  assert c == {"label": "s", "compiler_options": {},
+               "model_overrides": {"scan_layers": True}, "donate": False}
