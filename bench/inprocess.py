@@ -103,11 +103,9 @@ def child(spec: Dict[str, Any]) -> Dict[str, Any]:
   from bench import steps, worker  # pylint: disable=import-outside-toplevel
   from vit_jax import models  # pylint: disable=import-outside-toplevel
 
-  rs = np.random.RandomState(spec["seed"])
-  b, s = spec["batch"], spec["image_size"]
-  x = jnp.asarray(rs.standard_normal((b, s, s, 3)).astype(np.float32))
-  y = jnp.asarray(rs.randint(0, spec["num_classes"], size=(b,)).astype(
-      np.int32))
+  images, labels = worker._inputs(spec)  # pylint: disable=protected-access
+  x, y = jnp.asarray(images), jnp.asarray(labels.astype(np.int32))
+  s = spec["image_size"]
   runs, info = {}, {}
   for cfg in spec["configs"]:
     overrides = dict(cfg["model_overrides"])
