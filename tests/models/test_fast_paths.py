@@ -516,3 +516,63 @@ def test_bfloat16_train_step_runs_its_gemms_in_bfloat16_on_cpu(
   else:  # bf16: the attention core (~1 % of FLOPs with 17 tokens)
     assert flops.get("f32", 0) > 0.9 * sum(flops.values()), flops
     assert flops.get("bf16", 0) > 0, flops
+
+
+@pytest.mark.parametrize("n, s", [(197, 197), (7, 5), (6, 9), (8, 8)])
+def test_padded_attention_is_the_same_function(n, s):
+  """cuDNN's training kernels refuse odd sequence lengths: the padded call
+  (one masked zero token, the extra query row dropped) computes the same
+  outputs and q/k/v gradients as the unpadded one (asked of XLA here)."""
+  q, = _qkv(n=n, seed=1)[:1]
+  k, v = _qkv(n=s, seed=2)[:2]
+  w = jax.random.normal(jax.random.key(3), q.shape)
+
+  def loss(f):
+    return lambda q, k, v: jnp.sum(f(q, k, v) * w)
+  plain = functools.partial(jax.nn.dot_product_attention, implementation="xla")
+  padded = functools.partial(kernels.padded_attention, implementation="xla")
+  np.testing.assert_allclose(padded(q, k, v), plain(q, k, v), rtol=1e-6,
+                             atol=1e-6)
+  for a, b in zip(jax.grad(loss(padded), argnums=(0, 1, 2))(q, k, v),
+                  jax.grad(loss(plain), argnums=(0, 1, 2))(q, k, v)):
+    np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
+
+
+def _fake_gpu_without_cudnn(monkeypatch, calls):
+  """The default backend reads 'gpu'; a cuDNN call is refused the way JAX
+  refuses an unsupported shape, an XLA call runs."""
+  real = jax.nn.dot_product_attention
+
+  def dpa(*args, implementation=None, **kw):
+    calls.append(implementation)
+    if implementation == "cudnn":
+      raise NotImplementedError("Unsupported sequence length Q 198, KV 198.")
+    return real(*args, implementation=implementation, **kw)
+  monkeypatch.setattr(jax, "default_backend", lambda: "gpu")
+  monkeypatch.setattr(jax.nn, "dot_product_attention", dpa)
+
+
+def test_chosen_cudnn_that_jax_refuses_runs_xla(monkeypatch):
+  """attention_impl=None on a GPU in bfloat16 chooses cuDNN; where JAX
+  refuses it for the shapes, the model runs XLA's attention (same logits,
+  gradients trace); a requested 'cudnn' keeps JAX's error."""
+  x = jax.random.normal(jax.random.key(0), (2, 32, 32, 3))
+  kw = dict(num_classes=5, image_size=32, dtype=jnp.bfloat16)
+  params = models.get_model("vit_ti_16", **kw).init(
+      jax.random.key(1), x, train=False)
+  want = models.get_model("vit_ti_16", attention_impl="xla", **kw).apply(
+      params, x, train=False)
+  calls = []
+  _fake_gpu_without_cudnn(monkeypatch, calls)
+  model = models.get_model("vit_ti_16", **kw)
+  got = model.apply(params, x, train=False)
+  assert calls[:2] == ["cudnn", "xla"], calls
+  np.testing.assert_array_equal(np.asarray(got, np.float32),
+                                np.asarray(want, np.float32))
+  grads = jax.grad(lambda p: jnp.sum(model.apply(p, x, train=True).astype(
+      jnp.float32)))(params)
+  assert all(np.isfinite(np.asarray(g, np.float32)).all()
+             for g in jax.tree_util.tree_leaves(grads))
+  with pytest.raises(NotImplementedError, match="Unsupported sequence"):
+    models.get_model("vit_ti_16", attention_impl="cudnn", **kw).apply(
+        params, x, train=False)

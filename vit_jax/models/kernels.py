@@ -580,6 +580,33 @@ _CUDNN_DTYPES = ("bfloat16", "float16")
 _CUDNN_MAX_HEAD_DIM = 128
 
 
+def padded_attention(q, k, v, *, implementation: str = "cudnn"):
+  """``jax.nn.dot_product_attention`` of (B, N, H, hd) q and (B, S, H, hd)
+  k/v for any N and S.
+
+  cuDNN's fused training kernels refuse an odd sequence length (ViT-B/16's
+  197 tokens: "Unsupported sequence length Q 197, KV 197", seen on an H200
+  with jax 0.11.2). An odd sequence gets one zero token appended that the
+  kernel masks out through its sequence lengths (cuDNN's padding mask, no
+  bias), and the extra query row is dropped: the same function, and the
+  same gradients, as the unpadded call. Even lengths call it as they are.
+  """
+  n, s = q.shape[1], k.shape[1]
+  if n % 2 == 0 and s % 2 == 0:
+    return jax.nn.dot_product_attention(q, k, v, implementation=implementation)
+
+  def even(t):
+    odd = t.shape[1] % 2
+    return jnp.pad(t, ((0, 0), (0, odd), (0, 0), (0, 0))) if odd else t
+  b = q.shape[0]
+  y = jax.nn.dot_product_attention(
+      even(q), even(k), even(v),
+      query_seq_lengths=jnp.full((b,), n, jnp.int32),
+      key_value_seq_lengths=jnp.full((b,), s, jnp.int32),
+      implementation=implementation)
+  return y[:, :n]
+
+
 def choose_attention(backend: str, dtype, head_dim: int, *,
                      requested: Optional[str] = None, dropout: bool = False,
                      sow_weights: bool = False) -> str:
@@ -597,8 +624,10 @@ def choose_attention(backend: str, dtype, head_dim: int, *,
     ``'weights'`` (probabilities materialised: needed for dropout and for
     sowing, whatever was requested), ``'matmul'`` (:func:`attention`, the
     fastest on CPU), ``'cudnn'`` (``jax.nn.dot_product_attention``'s fused
-    cuDNN kernel: GPU, bfloat16/float16, head_dim a multiple of 8 up to 128)
-    or ``'xla'`` (``jax.nn.dot_product_attention`` lowered by XLA).
+    cuDNN kernel through :func:`padded_attention`: GPU, bfloat16/float16,
+    head_dim a multiple of 8 up to 128; where that JAX refuses a shape, a
+    chosen (not requested) ``'cudnn'`` runs ``'xla'`` instead) or ``'xla'``
+    (``jax.nn.dot_product_attention`` lowered by XLA).
   """
   if dropout or sow_weights:
     return "weights"

@@ -348,16 +348,33 @@ class MultiHeadDotProductAttention(nn.Module):
       else:
         oh = kernels.attention(qh, kh, vh, scale, bias)
       y = jnp.transpose(oh, (0, 2, 1, 3))  # (B, N, H, hd)
-    elif mask is None:
-      y = jax.nn.dot_product_attention(q, k, v, implementation=impl)
     else:
-      y = jax.nn.dot_product_attention(
-          q, k, v, mask=jnp.broadcast_to(mask[:, None, None, :], (b, 1, n, s)),
-          implementation=impl)
+      y = _fused_attention(q, k, v, mask, impl,
+                           fallback=self.attention_impl is None)
     y = y.reshape(b * n, d)
     if self.inner_norm:
       y = norm(name="inner_norm")(y)
     return _project(y, out_kernel, out_bias).reshape(b, n, d)
+
+
+def _fused_attention(q, k, v, mask, impl: str, *, fallback: bool):
+  """``jax.nn.dot_product_attention`` ('xla' or 'cudnn'); ``mask`` (B, S)
+  marks the keys to attend to. A cuDNN call JAX refuses for these shapes
+  (NotImplementedError while tracing) runs XLA's where ``fallback`` (the
+  implementation was chosen, not requested)."""
+  try:
+    if mask is None:
+      if impl == "cudnn":
+        return kernels.padded_attention(q, k, v, implementation="cudnn")
+      return jax.nn.dot_product_attention(q, k, v, implementation=impl)
+    b, n, s = q.shape[0], q.shape[1], k.shape[1]
+    return jax.nn.dot_product_attention(
+        q, k, v, mask=jnp.broadcast_to(mask[:, None, None, :], (b, 1, n, s)),
+        implementation=impl)
+  except NotImplementedError:
+    if impl != "cudnn" or not fallback:
+      raise
+    return _fused_attention(q, k, v, mask, "xla", fallback=False)
 
 
 class MlpBlock(nn.Module):
