@@ -23,6 +23,14 @@ On the default backend (GPU, TPU; on a CPU it runs tiny sizes and says so):
 4. **logits vs CPU**: float32 logits of the model on the accelerator and on
    the host CPU, ``jax.default_matmul_precision('highest')``; max |a - b| /
    max |b| (the target is <= 1e-4).
+5. **against timm** (where torch and timm are installed): timm's model with
+   random, perturbed weights, loaded into ours; float32 logits of ours on the
+   accelerator at JAX's default and at the highest matmul precision, ours on
+   the host CPU, and timm's own on torch's device (CUDA where torch has it),
+   each against timm in float64 on the CPU.
+6. **torch's train step** (where torch has the accelerator): timm's model,
+   bfloat16 autocast, fused AdamW, the same batch per device as the first
+   setting of 1.: img/s and MFU on the same device, beside ours.
 
 Every number printed names the device and the host CPU. Nothing is
 extrapolated: a part that was not run says so.
@@ -38,6 +46,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import warnings
 
 if __package__ in (None, ""):
   sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -67,10 +76,16 @@ TARGET_E2E_RATIO = 0.9
 # What a CPU run uses unless told otherwise (seconds, not hours).
 CPU_DEFAULTS = dict(model="vit_ti_16", image_size=32, batch=[4, 8],
                     attention=["matmul", "xla"], steps=3, jpeg_size=[48, 64],
-                    e2e_steps=6, images=64)
+                    e2e_steps=6, images=64, timm_depth=2)
 ACCEL_DEFAULTS = dict(model="vit_b_16", image_size=224, batch=[256, 512],
                       attention=["cudnn", "xla"], steps=20,
-                      jpeg_size=[375, 500], e2e_steps=60, images=2048)
+                      jpeg_size=[375, 500], e2e_steps=60, images=2048,
+                      timm_depth=0)
+# timm's name of each model parts 5 and 6 compare with.
+TIMM_NAMES = {"vit_ti_16": "vit_tiny_patch16_224",
+              "vit_s_16": "vit_small_patch16_224",
+              "vit_b_16": "vit_base_patch16_224",
+              "vit_l_16": "vit_large_patch16_224"}
 
 
 def peak_flops(device_kind: str):
@@ -186,6 +201,117 @@ def logits_vs_cpu(args) -> dict:
           "accelerator": accel.device_kind, "cpu": cpu.device_kind}
 
 
+def _timm_model(args, num_classes=1000):
+  """timm's ``args.model`` (``args.timm_depth`` blocks, 0: all), random
+  weights with noise added to every one (zero head, unit LayerNorms)."""
+  import timm  # pylint: disable=import-outside-toplevel
+  import torch  # pylint: disable=import-outside-toplevel
+  torch.manual_seed(0)
+  kw = {"depth": args.timm_depth} if args.timm_depth else {}
+  m = timm.create_model(TIMM_NAMES[args.model], pretrained=False,
+                        num_classes=num_classes, img_size=args.image_size,
+                        drop_path_rate=0.0, **kw)
+  g = torch.Generator().manual_seed(1)
+  with torch.no_grad():
+    for t in m.state_dict(keep_vars=True).values():
+      if t.is_floating_point():
+        t.add_(0.02 * torch.randn(t.shape, generator=g))
+  return m.eval()
+
+
+def timm_parity(args) -> dict:
+  """Ours and timm's float32 logits against timm's in float64 on the CPU."""
+  import jax  # pylint: disable=import-outside-toplevel
+  import numpy as np  # pylint: disable=import-outside-toplevel
+  import torch  # pylint: disable=import-outside-toplevel
+
+  from vit_jax.weights import build  # pylint: disable=import-outside-toplevel
+  m = _timm_model(args)
+  sd = {k: v.detach().numpy() for k, v in m.state_dict().items()}
+  name = None if args.timm_depth else TIMM_NAMES[args.model]
+  with warnings.catch_warnings():  # depth-2 stand-ins: timm's GELU guessed
+    warnings.simplefilter("ignore")
+    model, variables = build.from_state_dict(sd, name)
+  x = np.random.RandomState(3).uniform(
+      -2, 2, (8, args.image_size, args.image_size, 3)).astype(np.float32)
+  x_t = torch.from_numpy(np.ascontiguousarray(x.transpose(0, 3, 1, 2)))
+  with torch.no_grad():
+    ref = m.double()(x_t.double()).numpy()
+    m.float()
+    out = {"timm float32, CPU": m(x_t).numpy()}
+    t_dev = "cuda" if torch.cuda.is_available() else None
+    if t_dev:
+      m.to(t_dev)
+      out[f"timm float32, {torch.cuda.get_device_name()} (torch defaults)"] = (
+          m(x_t.to(t_dev)).cpu().numpy())
+      m.cpu()
+
+  def ours(dev, precision):
+    v = jax.device_put(variables, dev)
+    with jax.default_matmul_precision(precision):
+      fn = jax.jit(lambda v, x: model.apply(v, x, train=False))
+      return np.asarray(fn(v, jax.device_put(x, dev)))
+  cpu, accel = jax.devices("cpu")[0], jax.devices()[0]
+  out[f"ours float32, {cpu.device_kind} (CPU)"] = ours(cpu, None)
+  if accel.platform != "cpu":
+    out[f"ours float32, {accel.device_kind}, default precision"] = ours(
+        accel, None)
+    out[f"ours float32, {accel.device_kind}, highest precision"] = ours(
+        accel, "highest")
+  scale = np.max(np.abs(ref))
+  return {"timm": TIMM_NAMES[args.model], "depth": args.timm_depth or "all",
+          "rel_max_diff": {k: float(np.max(np.abs(v - ref)) / scale)
+                           for k, v in out.items()}}
+
+
+def torch_step_rate(args, batch: int) -> dict:
+  """img/s of timm's train step on torch's CUDA device (else the CPU):
+  bfloat16 autocast, fused AdamW, a float batch already on the device."""
+  import torch  # pylint: disable=import-outside-toplevel
+
+  from bench import flops  # pylint: disable=import-outside-toplevel
+  from vit_jax import models  # pylint: disable=import-outside-toplevel
+  dev = "cuda" if torch.cuda.is_available() else "cpu"
+  sync = torch.cuda.synchronize if dev == "cuda" else (lambda: None)
+  name = torch.cuda.get_device_name() if dev == "cuda" else "cpu"
+  m = _timm_model(args).train().to(dev)
+  opt = torch.optim.AdamW(m.parameters(), lr=1e-4, weight_decay=0.05,
+                          fused=True)
+  x = torch.randn(batch, 3, args.image_size, args.image_size, device=dev)
+  y = torch.randint(0, 1000, (batch,), device=dev)
+
+  def step():
+    with torch.autocast(dev, dtype=torch.bfloat16):
+      loss = torch.nn.functional.cross_entropy(m(x), y)
+    loss.backward()
+    opt.step()
+    opt.zero_grad(set_to_none=True)
+  for _ in range(3):
+    step()
+  sync()
+  t = time.perf_counter()
+  for _ in range(args.steps):
+    step()
+  sync()
+  wall = time.perf_counter() - t
+  per_dev = args.steps * batch / wall
+  f_img = flops.step_flops(models.decode_variant(args.model), args.image_size,
+                           "train", 1000)
+  peak = peak_flops(name) if dev == "cuda" else None
+  return {"batch": batch, "img_per_s": per_dev, "step_s": wall / args.steps,
+          "device": name, "torch": torch.__version__,
+          "mfu": None if peak is None else per_dev * f_img / peak}
+
+
+def _torch_cuda() -> bool:
+  try:
+    import timm  # noqa: F401  pylint: disable=import-outside-toplevel,unused-import
+    import torch  # pylint: disable=import-outside-toplevel
+  except ImportError:
+    return False
+  return torch.cuda.is_available()
+
+
 def end_to_end(args, folder: str, step_img_s: float, attention, scan,
                batch: int) -> dict:
   """train.py on the JPEG folder, the first setting: its last logged img/s
@@ -248,9 +374,21 @@ def main(argv=None):
   p.add_argument("--images", type=int, help="JPEGs generated")
   p.add_argument("--jpeg-size", type=int, nargs=2, metavar=("H", "W"))
   p.add_argument("--skip", nargs="*", default=[],
-                 choices=("step", "pipeline", "e2e", "logits"))
+                 choices=("step", "pipeline", "e2e", "logits", "timm",
+                          "torch"))
+  p.add_argument("--timm-depth", type=int,
+                 help="blocks of timm's model in part 5 (0: all; default "
+                      "all, 2 on CPU)")
   p.add_argument("--json", help="also write the results here")
   args = p.parse_args(argv)
+  if "timm" not in args.skip or "torch" not in args.skip:
+    # torch (timm loads torchvision) before TensorFlow (part 2): the other
+    # order crashes the process on this stack.
+    try:
+      import timm  # noqa: F401  pylint: disable=import-outside-toplevel,unused-import
+      import torch  # noqa: F401  pylint: disable=import-outside-toplevel,unused-import
+    except ImportError:
+      pass
 
   import jax  # pylint: disable=import-outside-toplevel
 
@@ -348,6 +486,36 @@ def main(argv=None):
     print(f"\n4. float32 logits at highest matmul precision, {what}: "
           f"relative max difference {r['rel_max_diff']:.2e} (target <= "
           f"{TARGET_LOGITS_REL:.0e})")
+  if "timm" not in args.skip:
+    try:
+      import timm  # noqa: F401  pylint: disable=import-outside-toplevel,unused-import
+      import torch  # noqa: F401  pylint: disable=import-outside-toplevel,unused-import
+    except ImportError as e:
+      print(f"\n5. against timm: not run ({e})")
+    else:
+      r = timm_parity(args)
+      res["timm_parity"] = r
+      print(f"\n5. {r['timm']} ({r['depth']} blocks, random perturbed "
+            f"weights): float32 logits against timm's in float64 on the CPU, "
+            f"relative max difference")
+      for k, v in r["rel_max_diff"].items():
+        print(f"   {v:9.2e}  {k}")
+  if "torch" not in args.skip and "step" not in args.skip:
+    ok = [r for r in steps if "error" not in r]
+    if not _torch_cuda():
+      print("\n6. torch's train step: not run (no torch with CUDA and timm "
+            "here)")
+    elif ok:
+      b = ok[0]["batch_per_device"]
+      r = torch_step_rate(args, b)
+      res["torch_step"] = r
+      mfu = "unknown" if r["mfu"] is None else f"{100 * r['mfu']:.1f}%"
+      ours = max(x["img_per_s_per_device"] for x in ok
+                 if x["batch_per_device"] == b)
+      print(f"\n6. torch {r['torch']} train step ({TIMM_NAMES[args.model]}, "
+            f"batch {b}, bfloat16 autocast, fused AdamW) on {r['device']}: "
+            f"{r['img_per_s']:.1f} img/s, MFU {mfu}; ours at batch {b}: "
+            f"{ours:.1f} img/s ({ours / r['img_per_s']:.2f}x)")
   if args.json:
     os.makedirs(os.path.dirname(os.path.abspath(args.json)), exist_ok=True)
     with open(args.json, "w") as f:

@@ -50,7 +50,8 @@ def test_accelerator_bench_runs_on_cpu_and_says_so(tmp_path):
   assert p.returncode == 0, p.stderr[-3000:]
   assert "This is a CPU" in p.stdout and "MFU is unknown" in p.stdout
   for part in ("1. train step", "2. input pipeline alone",
-               "3. train.py end to end", "4. float32 logits"):
+               "3. train.py end to end", "4. float32 logits",
+               "5. vit_tiny_patch16_224 (2 blocks", "6. torch's train step"):
     assert part in p.stdout, p.stdout
   res = json.loads(out.read_text())
   assert res["backend"] == "cpu" and res["peak_bf16_flops"] is None
@@ -60,3 +61,15 @@ def test_accelerator_bench_runs_on_cpu_and_says_so(tmp_path):
   assert res["input_pipeline"]["img_per_s"] > 0
   assert res["end_to_end"]["ratio"] > 0, res["end_to_end"]
   assert res["logits"]["same_device"] and res["logits"]["rel_max_diff"] == 0
+  diffs = res["timm_parity"]["rel_max_diff"]  # no accelerator: two CPU rows
+  assert sorted(diffs) == ["ours float32, cpu (CPU)", "timm float32, CPU"]
+  assert all(0 < d < 1e-5 for d in diffs.values()), diffs
+  assert "torch_step" not in res  # only where torch has CUDA
+
+
+def test_torch_step_rate_runs_timm_on_the_cpu_without_cuda():
+  import argparse  # pylint: disable=import-outside-toplevel
+  args = argparse.Namespace(model="vit_ti_16", image_size=32, timm_depth=1,
+                            steps=1)
+  r = accelerator.torch_step_rate(args, 2)
+  assert r["device"] == "cpu" and r["img_per_s"] > 0 and r["mfu"] is None
