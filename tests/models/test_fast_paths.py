@@ -538,21 +538,25 @@ def test_padded_attention_is_the_same_function(n, s):
     np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
 
 
-def _fake_gpu_without_cudnn(monkeypatch, calls):
+def _fake_gpu_without_cudnn(monkeypatch, calls, error):
   """The default backend reads 'gpu'; a cuDNN call is refused the way JAX
-  refuses an unsupported shape, an XLA call runs."""
+  refuses an unsupported shape (or a GPU without cuDNN), an XLA call
+  runs."""
   real = jax.nn.dot_product_attention
 
   def dpa(*args, implementation=None, **kw):
     calls.append(implementation)
     if implementation == "cudnn":
-      raise NotImplementedError("Unsupported sequence length Q 198, KV 198.")
+      raise error
     return real(*args, implementation=implementation, **kw)
   monkeypatch.setattr(jax, "default_backend", lambda: "gpu")
   monkeypatch.setattr(jax.nn, "dot_product_attention", dpa)
 
 
-def test_chosen_cudnn_that_jax_refuses_runs_xla(monkeypatch):
+@pytest.mark.parametrize("error", [
+    NotImplementedError("Unsupported sequence length Q 198, KV 198."),
+    RuntimeError("cuDNN is not detected.")])
+def test_chosen_cudnn_that_jax_refuses_runs_xla(monkeypatch, error):
   """attention_impl=None on a GPU in bfloat16 chooses cuDNN; where JAX
   refuses it for the shapes, the model runs XLA's attention (same logits,
   gradients trace); a requested 'cudnn' keeps JAX's error."""
@@ -563,7 +567,7 @@ def test_chosen_cudnn_that_jax_refuses_runs_xla(monkeypatch):
   want = models.get_model("vit_ti_16", attention_impl="xla", **kw).apply(
       params, x, train=False)
   calls = []
-  _fake_gpu_without_cudnn(monkeypatch, calls)
+  _fake_gpu_without_cudnn(monkeypatch, calls, error)
   model = models.get_model("vit_ti_16", **kw)
   got = model.apply(params, x, train=False)
   assert calls[:2] == ["cudnn", "xla"], calls
@@ -573,6 +577,6 @@ def test_chosen_cudnn_that_jax_refuses_runs_xla(monkeypatch):
       jnp.float32)))(params)
   assert all(np.isfinite(np.asarray(g, np.float32)).all()
              for g in jax.tree_util.tree_leaves(grads))
-  with pytest.raises(NotImplementedError, match="Unsupported sequence"):
+  with pytest.raises(type(error), match=str(error).split()[0]):
     models.get_model("vit_ti_16", attention_impl="cudnn", **kw).apply(
         params, x, train=False)

@@ -625,8 +625,8 @@ def choose_attention(backend: str, dtype, head_dim: int, *,
     sowing, whatever was requested), ``'matmul'`` (:func:`attention`, the
     fastest on CPU), ``'cudnn'`` (``jax.nn.dot_product_attention``'s fused
     cuDNN kernel through :func:`padded_attention`: GPU, bfloat16/float16,
-    head_dim a multiple of 8 up to 128; where that JAX refuses a shape, a
-    chosen (not requested) ``'cudnn'`` runs ``'xla'`` instead) or ``'xla'``
+    head_dim a multiple of 8 up to 128; where JAX refuses it (a shape, no
+    cuDNN), a chosen (not requested) ``'cudnn'`` runs ``'xla'``) or ``'xla'``
     (``jax.nn.dot_product_attention`` lowered by XLA).
   """
   if dropout or sow_weights:

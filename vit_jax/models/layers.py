@@ -359,9 +359,10 @@ class MultiHeadDotProductAttention(nn.Module):
 
 def _fused_attention(q, k, v, mask, impl: str, *, fallback: bool):
   """``jax.nn.dot_product_attention`` ('xla' or 'cudnn'); ``mask`` (B, S)
-  marks the keys to attend to. A cuDNN call JAX refuses for these shapes
-  (NotImplementedError while tracing) runs XLA's where ``fallback`` (the
-  implementation was chosen, not requested)."""
+  marks the keys to attend to. A cuDNN call JAX refuses while tracing (for
+  these shapes: NotImplementedError; no cuDNN, as on a ROCm GPU:
+  RuntimeError) runs XLA's where ``fallback`` (the implementation was
+  chosen, not requested)."""
   try:
     if mask is None:
       if impl == "cudnn":
@@ -371,7 +372,7 @@ def _fused_attention(q, k, v, mask, impl: str, *, fallback: bool):
     return jax.nn.dot_product_attention(
         q, k, v, mask=jnp.broadcast_to(mask[:, None, None, :], (b, 1, n, s)),
         implementation=impl)
-  except NotImplementedError:
+  except (NotImplementedError, RuntimeError):
     if impl != "cudnn" or not fallback:
       raise
     return _fused_attention(q, k, v, mask, "xla", fallback=False)
