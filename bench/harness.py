@@ -92,10 +92,12 @@ class Worker:
     self.c = contestant
     env = dict(os.environ)
     env.update(contestant.env)
-    # What train.py runs with (vit_jax/train/host_memory.py), for both
-    # frameworks alike; env.VIT_JAX_KEEP_HOST_MEMORY=0 in a contestant's
-    # config (ab.py) runs it without.
-    if host_memory.wanted(env):
+    # Each side as its users run it. JAX: what train.py runs with
+    # (vit_jax/train/host_memory.py; env.VIT_JAX_KEEP_HOST_MEMORY=0 in an
+    # ab.py config runs it without). Every other runtime: glibc's defaults;
+    # torch under the JAX side's settings (one arena for all threads) ran a
+    # ViT-Ti/16 bfloat16 train step at 0.69x its own speed (Zen 5).
+    if contestant.framework == "jax" and host_memory.wanted(env):
       env.update(host_memory.MALLOC_ENV)
     if contestant.framework == "jax":
       flags = " ".join(f for f in (env.get("XLA_FLAGS", ""),

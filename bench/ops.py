@@ -501,7 +501,8 @@ def format_ablation(res: dict) -> str:
 
 def run_child(framework: str, spec: dict) -> dict:
   env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3")
-  if host_memory.wanted(env):  # as train.py and bench.py run
+  # as train.py and bench.py run JAX; torch with glibc's defaults
+  if framework == "jax" and host_memory.wanted(env):
     env.update(host_memory.MALLOC_ENV)
   out = subprocess.run(
       [sys.executable, os.path.abspath(__file__), "--child", framework,

@@ -126,8 +126,9 @@ def _serve(step, check, info, setup_s, compile_s, turn_extra=None):
   _send({"ready": True, "setup_s": setup_s, "compile_s": compile_s,
          "check": check, "info": info})
   try:  # bounds a long child's kept heap (vit_jax/train/host_memory.py)
-    from vit_jax.train.host_memory import HeapGuard  # pylint: disable=import-outside-toplevel
-    heap = HeapGuard(settle=1)
+    from vit_jax.train.host_memory import HeapGuard, MALLOC_ENV  # pylint: disable=import-outside-toplevel
+    kept = all(os.environ.get(k) == v for k, v in MALLOC_ENV.items())
+    heap = HeapGuard(settle=1) if kept else None  # glibc's defaults: none
   except ImportError:  # src= of a checkout from before it
     heap = None
   trimmed = False
