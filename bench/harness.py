@@ -84,6 +84,10 @@ def log(msg: str):
   print(msg, file=sys.stderr, flush=True)
 
 
+# Contestants that run JAX (and so run as train.py does).
+JAX_RUNTIMES = ("jax", "stablehlo")
+
+
 class Worker:
   """A child process running :mod:`bench.worker` for one contestant."""
 
@@ -96,8 +100,9 @@ class Worker:
     # (vit_jax/train/host_memory.py; env.VIT_JAX_KEEP_HOST_MEMORY=0 in an
     # ab.py config runs it without). Every other runtime: glibc's defaults;
     # torch under the JAX side's settings (one arena for all threads) ran a
-    # ViT-Ti/16 bfloat16 train step at 0.69x its own speed (Zen 5).
-    if contestant.framework == "jax" and host_memory.wanted(env):
+    # ViT-Ti/16 bfloat16 train step at 0.66x its own speed (Zen 5). The
+    # StableHLO contestant of export.py is JAX too (jax.export).
+    if contestant.framework in JAX_RUNTIMES and host_memory.wanted(env):
       env.update(host_memory.MALLOC_ENV)
     if contestant.framework == "jax":
       flags = " ".join(f for f in (env.get("XLA_FLAGS", ""),

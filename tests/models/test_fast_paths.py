@@ -518,7 +518,7 @@ def test_bfloat16_train_step_runs_its_gemms_in_bfloat16_on_cpu(
     assert flops.get("bf16", 0) > 0, flops
 
 
-@pytest.mark.parametrize("n, s", [(197, 197), (7, 5), (6, 9), (8, 8)])
+@pytest.mark.parametrize("n, s", [(197, 197), (7, 5), (6, 9), (8, 5)])
 def test_padded_attention_is_the_same_function(n, s):
   """cuDNN's training kernels refuse odd sequence lengths: the padded call
   (one masked zero token, the extra query row dropped) computes the same
@@ -555,7 +555,7 @@ def _fake_gpu_without_cudnn(monkeypatch, calls, error):
 
 @pytest.mark.parametrize("error", [
     NotImplementedError("Unsupported sequence length Q 198, KV 198."),
-    RuntimeError("cuDNN is not detected.")])
+    RuntimeError("cuDNN is not detected.")])  # a ROCm GPU
 def test_chosen_cudnn_that_jax_refuses_runs_xla(monkeypatch, error):
   """attention_impl=None on a GPU in bfloat16 chooses cuDNN; where JAX
   refuses it for the shapes, the model runs XLA's attention (same logits,
@@ -580,3 +580,17 @@ def test_chosen_cudnn_that_jax_refuses_runs_xla(monkeypatch, error):
   with pytest.raises(type(error), match=str(error).split()[0]):
     models.get_model("vit_ti_16", attention_impl="cudnn", **kw).apply(
         params, x, train=False)
+
+
+def test_a_failed_run_of_chosen_cudnn_is_not_retried_with_xla(monkeypatch):
+  """Only a refusal while tracing falls back; an error of the run itself
+  (out of memory, a failed kernel: JaxRuntimeError) is the user's to see."""
+  calls = []
+  _fake_gpu_without_cudnn(monkeypatch, calls,
+                          jax.errors.JaxRuntimeError("RESOURCE_EXHAUSTED"))
+  x = jnp.zeros((1, 32, 32, 3))
+  model = models.get_model("vit_ti_16", num_classes=5, image_size=32,
+                           dtype=jnp.bfloat16)
+  with pytest.raises(jax.errors.JaxRuntimeError, match="RESOURCE"):
+    model.init(jax.random.key(0), x, train=False)
+  assert "xla" not in calls, calls

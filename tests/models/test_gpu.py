@@ -57,7 +57,7 @@ def test_vit_b16_bfloat16_trains_with_the_chosen_attention():
   assert kernels.choose_attention("gpu", jnp.bfloat16, 64) == "cudnn"
   x = jnp.asarray(np.random.RandomState(0).normal(size=(2, 224, 224, 3)),
                   jnp.float32)
-  out = {}
+  out, hlo = {}, {}
   for impl in (None, "xla"):
     model = models.get_model("vit_b_16", num_classes=10, dtype=jnp.bfloat16,
                              attention_impl=impl)
@@ -70,7 +70,13 @@ def test_vit_b16_bfloat16_trains_with_the_chosen_attention():
       logits = model.apply({"params": p}, x, train=True,
                            rngs={"dropout": jax.random.key(2)})
       return jnp.mean(logits.astype(jnp.float32) ** 2)
-    out[impl] = jax.jit(jax.value_and_grad(loss))(params)
+    step = jax.jit(jax.value_and_grad(loss))
+    hlo[impl] = step.lower(params).as_text()
+    out[impl] = step(params)
+  # cuDNN's fused kernels ran (forward and backward), not the fallback.
+  assert "__cudnn$fmhaSoftmax" in hlo[None], "no cuDNN attention"
+  assert "__cudnn$fmhaSoftmaxBackward" in hlo[None]
+  assert "__cudnn$fmha" not in hlo["xla"]
   (l_c, g_c), (l_x, g_x) = out[None], out["xla"]
   assert _rel(l_c, l_x) < 3e-2
   g_c, g_x = (jnp.concatenate([t.astype(jnp.float32).ravel() for t in

@@ -359,10 +359,12 @@ class MultiHeadDotProductAttention(nn.Module):
 
 def _fused_attention(q, k, v, mask, impl: str, *, fallback: bool):
   """``jax.nn.dot_product_attention`` ('xla' or 'cudnn'); ``mask`` (B, S)
-  marks the keys to attend to. A cuDNN call JAX refuses while tracing (for
-  these shapes: NotImplementedError; no cuDNN, as on a ROCm GPU:
-  RuntimeError) runs XLA's where ``fallback`` (the implementation was
-  chosen, not requested)."""
+  marks the keys to attend to (no padding then: JAX turns the mask into a
+  bias, which cuDNN's training kernels refuse for odd lengths). A cuDNN
+  call JAX refuses while tracing (for these shapes: NotImplementedError;
+  no cuDNN, as on a ROCm GPU: RuntimeError) runs XLA's where ``fallback``
+  (the implementation was chosen, not requested); an error of the run
+  itself (JaxRuntimeError: out of memory, a failed kernel) is raised."""
   try:
     if mask is None:
       if impl == "cudnn":
@@ -372,8 +374,9 @@ def _fused_attention(q, k, v, mask, impl: str, *, fallback: bool):
     return jax.nn.dot_product_attention(
         q, k, v, mask=jnp.broadcast_to(mask[:, None, None, :], (b, 1, n, s)),
         implementation=impl)
-  except (NotImplementedError, RuntimeError):
-    if impl != "cudnn" or not fallback:
+  except (NotImplementedError, RuntimeError) as e:
+    if (impl != "cudnn" or not fallback or
+        isinstance(e, jax.errors.JaxRuntimeError)):
       raise
     return _fused_attention(q, k, v, mask, "xla", fallback=False)
 
