@@ -41,10 +41,6 @@ REFERENCE = "jax.jit"
 RUNTIMES = {"stablehlo": "stablehlo (jax.export)",
             "savedmodel": "savedmodel (TF)",
             "onnxruntime": "onnxruntime"}
-# What --isa avx2 cannot cap: onnxruntime's MLAS picks its kernels by CPUID
-# at run time and has no switch.
-UNCAPPED = ("onnxruntime is not capped by --isa (MLAS chooses its kernels by "
-            "CPUID, with no switch): its row runs this CPU's full ISA")
 # Not in the default set: the ONNX graph made by jax2onnx instead of
 # torch.onnx.export (needs jax2onnx importable; see bench/README.md).
 EXTRA_RUNTIMES = {"onnxruntime-jax2onnx": "onnxruntime (jax2onnx)"}
@@ -156,8 +152,6 @@ def format_table(rec: dict) -> str:
       machine.describe(rec.get("machine")) if rec.get("machine") else
       f"CPU: {rec.get('cpu')}",
       *([rec["isa_line"]] if rec.get("isa_line") else []),
-      *([UNCAPPED] if rec.get("isa") == "avx2" and "onnxruntime" in " ".join(
-          first["contestants"]) else []),
       f"{rec['model']}  float32  {rec['image_size']}x{rec['image_size']}  |  "
       f"{first['workload']['warmup']} warm-up steps, "
       f"{len(first['rounds'])} alternating rounds per batch size",

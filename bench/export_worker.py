@@ -23,6 +23,8 @@ import time
 
 import numpy as np
 
+from bench import mlas_isa
+
 FORMATS = {"stablehlo": "stablehlo", "savedmodel": "savedmodel",
            "onnxruntime": "onnx"}
 SUFFIX = {"stablehlo": ".shlo", "savedmodel": "", "onnx": ".onnx"}
@@ -45,9 +47,14 @@ def _runner(fmt: str, path: str, images: np.ndarray):
     return (lambda: serve(images=x)["logits"].numpy()), {
         "tensorflow": tf.__version__}
   import onnxruntime as ort  # pylint: disable=import-outside-toplevel
+  capped = os.path.join("mlas_avx2", "")
+  if os.environ.get(mlas_isa.ENV) and capped not in ort.__file__:
+    raise RuntimeError(f"--isa avx2: onnxruntime was imported from "
+                       f"{ort.__file__}, not from the capped copy")
   sess = ort.InferenceSession(path, providers=["CPUExecutionProvider"])
   return (lambda: sess.run(["logits"], {"images": images})[0]), {
-      "onnxruntime": ort.__version__,
+      "onnxruntime": ort.__version__ + (
+          " (MLAS capped at AVX2)" if capped in ort.__file__ else ""),
       "intra_op_threads": sess.get_session_options().intra_op_num_threads}
 
 
@@ -68,6 +75,7 @@ def _export_jax2onnx(model, variables, path):
 def runtime_main(framework: str, spec, serve, inputs):
   t0 = time.perf_counter()
   if framework == "onnxruntime":  # the exporter needs torchvision
+    mlas_isa.apply_from_environment()  # --isa avx2, before any import of it
     import torch  # noqa: F401  pylint: disable=import-outside-toplevel,unused-import
     import torchvision  # noqa: F401  pylint: disable=import-outside-toplevel,unused-import
   from vit_jax import convert, export  # pylint: disable=import-outside-toplevel

@@ -37,6 +37,7 @@ if __package__ in (None, ""):  # `python bench/machine.py`
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
+from bench import mlas_isa  # pylint: disable=wrong-import-position
 from bench import ynnpack_isa  # pylint: disable=wrong-import-position
 
 # /proc/cpuinfo flag -> the name printed in tables.
@@ -137,6 +138,7 @@ EMULATE_AVX2 = {
     # dots (e.g. a transposed operand, contracting dimension 0)
     "ONEDNN_MAX_CPU_ISA": "AVX2",
     "MKL_ENABLE_INSTRUCTIONS": "AVX2",  # torch's float32 GEMMs
+    mlas_isa.ENV: "avx2",  # onnxruntime's MLAS kernels (bench/mlas_isa.py)
 }
 
 
@@ -159,7 +161,8 @@ def set_isa(isa: str, info: Optional[Dict[str, Any]] = None) -> str:
   return ("ISA: AVX2, emulated on this AVX-512 CPU (JAX: XLA_FLAGS="
           "--xla_cpu_max_isa=AVX2, ONEDNN_MAX_CPU_ISA=AVX2, YNNPACK's "
           "kernels capped at AVX2+FMA3; torch: ATEN_CPU_CAPABILITY=avx2 "
-          "ONEDNN_MAX_CPU_ISA=AVX2 MKL_ENABLE_INSTRUCTIONS=AVX2). " +
+          "ONEDNN_MAX_CPU_ISA=AVX2 MKL_ENABLE_INSTRUCTIONS=AVX2; onnxruntime: "
+          "MLAS's AVX-512 kernels switched off in a patched copy). " +
           EMULATION_CAVEAT)
 
 

@@ -47,31 +47,36 @@ def elf_symbols(path: str, names: Iterable[str],
     return _symbols(data, path, want, section)
 
 
-def _symbols(data, path, want, section):
+def _cstr(data, off: int) -> str:
+  return data[off:data.find(b"\0", off)].decode("ascii", "replace")
+
+
+def elf_sections(data, path: str) -> list:
+  """``[(name, type, offset, size, link, entsize)]`` of a 64-bit
+  little-endian ELF file's sections (``data``: its bytes)."""
   if data[:4] != b"\x7fELF" or data[4] != 2 or data[5] != 1:
     raise ValueError(f"{path}: not a 64-bit little-endian ELF file")
   shoff, = struct.unpack_from("<Q", data, 0x28)
   shentsize, shnum, shstrndx = struct.unpack_from("<HHH", data, 0x3A)
-  sections = []
-  for i in range(shnum):
-    (name, typ, _, _, off, size, link, _, _, entsize) = struct.unpack_from(
-        "<IIQQQQIIQQ", data, shoff + i * shentsize)
-    sections.append((name, typ, off, size, link, entsize))
-  shstr_off = sections[shstrndx][2]
+  raw = [struct.unpack_from("<IIQQQQIIQQ", data, shoff + i * shentsize)
+         for i in range(shnum)]
+  shstr_off = raw[shstrndx][4]
+  return [(_cstr(data, shstr_off + name), typ, off, size, link, entsize)
+          for (name, typ, _, _, off, size, link, _, _, entsize) in raw]
 
-  def cstr(off):
-    return data[off:data.find(b"\0", off)].decode("ascii", "replace")
 
+def _symbols(data, path, want, section):
+  sections = elf_sections(data, path)
   out = {}
   for name, _, off, size, link, entsize in sections:
-    if cstr(shstr_off + name) != section or not entsize:
+    if name != section or not entsize:
       continue
     strtab = sections[link][2]
     for j in range(size // entsize):
       st_name, _, _, shndx, value, sym_size = struct.unpack_from(
           "<IBBHQQ", data, off + j * entsize)
       if st_name and shndx:
-        sym = cstr(strtab + st_name)
+        sym = _cstr(data, strtab + st_name)
         if sym in want:
           out[sym] = (value, sym_size, shndx)
   return out

@@ -3,6 +3,7 @@ reports what it promises. Nothing here asserts a speed."""
 
 import json
 import os
+import platform
 import re
 import shutil
 import subprocess
@@ -14,7 +15,7 @@ import pytest
 from train_helpers import REPO  # noqa: E402
 sys.path.insert(0, REPO)
 
-from bench import ab, bench, flops, inprocess, machine, worker, ynnpack_isa  # noqa: E402  pylint: disable=wrong-import-position
+from bench import ab, bench, flops, inprocess, machine, mlas_isa, worker, ynnpack_isa  # noqa: E402  pylint: disable=wrong-import-position
 from vit_jax import models  # noqa: E402  pylint: disable=wrong-import-position
 
 TINY = ["--model", "vit_ti_16", "--image-size", "32", "--batch", "2",
@@ -330,6 +331,71 @@ def test_ynnpack_cap_changes_its_kernels_not_its_results():
   assert float(err) < 1e-5
   env[ynnpack_isa.ENV] = "avx512"
   p = subprocess.run([sys.executable, "-c", _YNN_PROBE], cwd=REPO, env=env,
+                     capture_output=True, text=True, timeout=300)
+  assert p.returncode != 0 and "expected 'avx2' or unset" in p.stderr
+
+
+_MLAS_PROBE = """
+import sys, numpy as np
+from bench import mlas_isa
+print(mlas_isa.apply_from_environment())
+import onnx, onnxruntime as ort
+from onnx import TensorProto, helper, numpy_helper
+rs = np.random.RandomState(0)
+a = rs.standard_normal((64, 96)).astype(np.float32)
+b = rs.standard_normal((96, 80)).astype(np.float32)
+g = helper.make_graph(
+    [helper.make_node("MatMul", ["a", "b"], ["c"])], "g",
+    [helper.make_tensor_value_info("a", TensorProto.FLOAT, [64, 96])],
+    [helper.make_tensor_value_info("c", TensorProto.FLOAT, [64, 80])],
+    initializer=[numpy_helper.from_array(b, "b")])
+m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
+m.ir_version = 8
+s = ort.InferenceSession(m.SerializeToString(),
+                         providers=["CPUExecutionProvider"])
+got = s.run(None, {"a": a})[0].astype(np.float64)
+want = a.astype(np.float64) @ b.astype(np.float64)
+print(ort.__file__)
+print(float(np.abs(got - want).max() / np.abs(want).max()))
+"""
+
+
+@pytest.mark.skipif(platform.machine() != "x86_64", reason="x86-64 code")
+def test_mlas_cap_patches_a_copy_and_keeps_its_results(tmp_path):
+  """bench/mlas_isa.py: the AVX-512 gate of onnxruntime's MLAS and its
+  CPUIDInfo checks are found exactly where expected and switched off in a
+  copy of the package (the installed one untouched); a child with
+  $VIT_JAX_BENCH_MLAS_ISA=avx2 imports the copy and multiplies right; code
+  it does not know is refused, any other value too."""
+  ext = mlas_isa._extension(mlas_isa._installed_package())  # pylint: disable=protected-access
+  with open(ext, "rb") as f:
+    original = f.read()
+  data = bytearray(original)
+  changes = mlas_isa.patch(data)
+  assert changes[0].startswith("MLAS AVX-512F gate") and len(changes) >= 2
+  diff = [i for i, (x, y) in enumerate(zip(original, data)) if x != y]
+  # one byte each: 0x00010000 -> 0, then 0xE6 -> 0xE7
+  assert len(diff) == len(changes) and original[diff[0]] == 0x01
+  assert all(original[i] == 0xE6 and data[i] == 0xE7 for i in diff[1:])
+  broken = bytearray(original)
+  broken[diff[0]] = 0x02  # test reg, 0x20000: not the gate any more
+  with pytest.raises(ValueError, match="AVX-512F gate .* found 0 times"):
+    mlas_isa.patch(broken)
+
+  assert machine.EMULATE_AVX2[mlas_isa.ENV] == "avx2"  # --isa avx2 sets it
+  env = dict(os.environ, PYTHONPATH=REPO, XDG_CACHE_HOME=str(tmp_path))
+  env[mlas_isa.ENV] = "avx2"
+  for _ in range(2):  # made, then reused
+    p = subprocess.run([sys.executable, "-c", _MLAS_PROBE], cwd=REPO, env=env,
+                       capture_output=True, text=True, timeout=300)
+    assert p.returncode == 0, p.stderr[-3000:]
+    root, where, err = p.stdout.strip().splitlines()[-3:]
+    assert root.startswith(str(tmp_path / "vit_jax_bench" / "mlas_avx2"))
+    assert where.startswith(root) and float(err) < 1e-5
+  with open(ext, "rb") as f:
+    assert f.read() == original
+  env[mlas_isa.ENV] = "avx512"
+  p = subprocess.run([sys.executable, "-c", _MLAS_PROBE], cwd=REPO, env=env,
                      capture_output=True, text=True, timeout=300)
   assert p.returncode != 0 and "expected 'avx2' or unset" in p.stderr
 
