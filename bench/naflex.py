@@ -62,6 +62,9 @@ def build_parser() -> argparse.ArgumentParser:
   p.add_argument("--seq-lens", default="128,256",
                  help="lengths a run of --run-steps NaFlex steps draws from")
   p.add_argument("--run-steps", type=int, default=8)
+  p.add_argument("--attention", default=None,
+                 help="attention_impl (matmul, xla, cudnn); default: the "
+                      "backend's choice")
   p.add_argument("--json", action="store_true")
   return p
 
@@ -72,7 +75,7 @@ def _model(args):
       hidden_size=args.width, num_layers=args.depth, num_heads=args.heads,
       mlp_dim=m, patch_size=args.patch, num_classes=1000, classifier="map",
       act="gelu_tanh", naflex="bilinear_aa", naflex_grid=(16, 16),
-      dtype=jnp.dtype(args.dtype)))
+      dtype=jnp.dtype(args.dtype), attention_impl=args.attention))
 
 
 def _inputs(args, seed=0):

@@ -86,3 +86,43 @@ def test_vit_b16_bfloat16_trains_with_the_chosen_attention():
                                jax.tree_util.tree_leaves(g)])
               for g in (g_c, g_x))
   assert _rel(g_c, g_x) < 5e-2
+
+
+def test_naflex_bfloat16_trains_with_cudnn_sequence_lengths():
+  """A NaFlex batch (odd length: 1 + 37 tokens, padding last) on a GPU in
+  bfloat16 runs cuDNN with the key counts as sequence lengths, forward and
+  backward, and matches XLA's masked attention."""
+  from vit_jax.data import naflex as data_naflex  # pylint: disable=import-outside-toplevel
+  rng = np.random.RandomState(0)
+  imgs = [rng.normal(size=(h * 16, w * 16, 3)).astype(np.float32)
+          for h, w in ((3, 5), (6, 6), (2, 9))]
+  batch = data_naflex.collate(
+      [dict(zip(data_naflex.KEYS, data_naflex.patchify(x, 16))) for x in imgs],
+      37)
+  batch = jax.tree_util.tree_map(jnp.asarray, batch)
+  out, hlo = {}, {}
+  for impl in (None, "xla"):
+    model = models.get_model(dict(
+        hidden_size=256, num_layers=2, num_heads=4, mlp_dim=512,
+        patch_size=16, num_classes=10, classifier="token",
+        naflex="bilinear_aa", naflex_grid=(8, 8)), dtype=jnp.bfloat16,
+        attention_impl=impl)
+    params = model.init(jax.random.key(0), batch, train=False)["params"]
+    params = jax.tree_util.tree_map(
+        lambda p: p + 0.02 * jax.random.normal(jax.random.key(1), p.shape),
+        params)
+
+    def loss(p, model=model):
+      logits = model.apply({"params": p}, batch, train=True)
+      return jnp.mean(logits.astype(jnp.float32) ** 2)
+    step = jax.jit(jax.value_and_grad(loss))
+    hlo[impl] = step.lower(params).as_text()
+    out[impl] = step(params)
+  calls = set(re.findall(r"__cudnn\$fmha\w*", hlo[None]))
+  assert any("Backward" in c for c in calls), calls
+  (l_c, g_c), (l_x, g_x) = out[None], out["xla"]
+  assert _rel(l_c, l_x) < 3e-2
+  g_c, g_x = (jnp.concatenate([t.astype(jnp.float32).ravel() for t in
+                               jax.tree_util.tree_leaves(g)])
+              for g in (g_c, g_x))
+  assert _rel(g_c, g_x) < 5e-2

@@ -120,6 +120,75 @@ def test_masked_attention_kernel_equals_the_formula(n):
     np.testing.assert_allclose(a, b, rtol=0, atol=1e-4)
 
 
+@pytest.mark.parametrize("case", ["prefix", "holes", "empty row"])
+def test_masked_attention_by_lengths_equals_the_mask(case):
+  """kernels.masked_attention (cuDNN's path for a key mask: each row's valid
+  keys moved first, their count as the key sequence length, odd lengths
+  padded) computes what the mask computes, forward and q/k/v gradients
+  (asked of XLA here), wherever the padding sits; a row without a valid
+  key stays finite."""
+  q = jax.random.normal(jax.random.key(0), (3, 12, 2, 8))  # 12 queries
+  k, v = (jax.random.normal(jax.random.key(i), (3, 13, 2, 8))
+          for i in (1, 2))  # 13 keys: odd
+  w = jax.random.normal(jax.random.key(3), q.shape)
+  counts = {"prefix": (13, 6, 1), "holes": (13, 13, 13),
+            "empty row": (13, 0, 4)}[case]
+  mask = np.arange(13)[None] < np.asarray(counts)[:, None]
+  if case == "holes":
+    rng = np.random.default_rng(0)
+    mask = rng.random((3, 13)) < 0.5
+    mask[:, 3] = True  # at least one each
+  mask = jnp.asarray(mask)
+  keep = np.asarray(jnp.any(mask, axis=-1))  # rows compared with the mask
+
+  def plain(q, k, v):
+    m = jnp.broadcast_to(mask[:, None, None, :], (3, 1, 12, 13))
+    return jax.nn.dot_product_attention(q, k, v, mask=m, implementation="xla")
+  lengths = lambda q, k, v: kernels.masked_attention(  # noqa: E731
+      q, k, v, mask, implementation="xla")
+  loss = lambda f: lambda *a: jnp.sum((f(*a) * w)[keep])  # noqa: E731
+  with jax.default_matmul_precision("highest"):
+    got = lengths(q, k, v)
+    np.testing.assert_allclose(got[keep], plain(q, k, v)[keep], rtol=0,
+                               atol=1e-6)
+    assert np.isfinite(np.asarray(got)).all()
+    for a, b in zip(jax.grad(loss(lengths), argnums=(0, 1, 2))(q, k, v),
+                    jax.grad(loss(plain), argnums=(0, 1, 2))(q, k, v)):
+      np.testing.assert_allclose(a, b, rtol=0, atol=1e-5)
+
+
+def test_cudnn_reads_a_naflex_mask_as_sequence_lengths(siglip, monkeypatch):
+  """With cuDNN attention a NaFlex batch runs cuDNN with key sequence
+  lengths (which its training kernels take at odd lengths; a mask as a
+  bias, they refuse), its padding last or first alike. Here 'cuDNN' is
+  XLA's attention scaled by 1.001, so the logits tell that it ran."""
+  model, v = siglip
+  real = jax.nn.dot_product_attention
+  calls = []
+
+  def dpa(*args, implementation=None, **kw):
+    calls.append((implementation, kw.get("key_value_seq_lengths") is not None,
+                  kw.get("mask") is not None))
+    if implementation == "cudnn":
+      return real(*args, implementation="xla", **kw) * 1.001
+    return real(*args, implementation=implementation, **kw)
+  monkeypatch.setattr(jax.nn, "dot_product_attention", dpa)
+  cudnn, xla = (model.clone(attention_impl=a) for a in ("cudnn", "xla"))
+  last = _batch(_images([(3, 5), (6, 2)]), 21)  # 21 tokens: odd
+  first = {k: np.roll(x, 6, axis=1) for k, x in last.items()}  # padding first
+  for batch in (last, first):
+    calls.clear()
+    got, want = _apply(cudnn, v, batch), _apply(xla, v, batch)
+    assert not np.allclose(got, want, rtol=1e-5, atol=1e-5)
+    assert_close_rel(got, want, rel=2e-2, what="cuDNN by lengths")
+    assert set(c for c in calls if c[0] == "cudnn") == {("cudnn", True, False)}
+  x = jax.tree_util.tree_map(jnp.asarray, last)
+  g = jax.jit(jax.grad(lambda p: jnp.sum(cudnn.apply(
+      {"params": p}, x, train=True) ** 2)))(v["params"])
+  assert all(np.isfinite(np.asarray(t)).all()
+             for t in jax.tree_util.tree_leaves(g))
+
+
 # ------------------------------------------------------------ the model --
 
 def test_padding_never_changes_the_valid_tokens(siglip):

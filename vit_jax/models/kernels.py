@@ -580,7 +580,8 @@ _CUDNN_DTYPES = ("bfloat16", "float16")
 _CUDNN_MAX_HEAD_DIM = 128
 
 
-def padded_attention(q, k, v, *, implementation: str = "cudnn"):
+def padded_attention(q, k, v, *, implementation: str = "cudnn",
+                     key_value_seq_lengths=None):
   """``jax.nn.dot_product_attention`` of (B, N, H, hd) q and (B, S, H, hd)
   k/v for any N and S.
 
@@ -590,21 +591,73 @@ def padded_attention(q, k, v, *, implementation: str = "cudnn"):
   kernel masks out through its sequence lengths (cuDNN's padding mask, no
   bias), and the extra query row is dropped: the same function, and the
   same gradients, as the unpadded call. Even lengths call it as they are.
+
+  ``key_value_seq_lengths`` (B,) int32: only the first so many keys of each
+  row are read (a NaFlex batch's padding at the end; every query row is
+  computed, as with a key mask).
   """
   n, s = q.shape[1], k.shape[1]
-  if n % 2 == 0 and s % 2 == 0:
+  if key_value_seq_lengths is None and n % 2 == 0 and s % 2 == 0:
     return jax.nn.dot_product_attention(q, k, v, implementation=implementation)
 
   def even(t):
     odd = t.shape[1] % 2
     return jnp.pad(t, ((0, 0), (0, odd), (0, 0), (0, 0))) if odd else t
   b = q.shape[0]
+  if key_value_seq_lengths is None:
+    key_value_seq_lengths = jnp.full((b,), s, jnp.int32)
   y = jax.nn.dot_product_attention(
       even(q), even(k), even(v),
       query_seq_lengths=jnp.full((b,), n, jnp.int32),
-      key_value_seq_lengths=jnp.full((b,), s, jnp.int32),
+      key_value_seq_lengths=key_value_seq_lengths,
       implementation=implementation)
   return y[:, :n]
+
+
+@jax.custom_vjp
+def _take_keys(x, perm, inverse):
+  """(B, S, ...) rows of each batch entry reordered by ``perm`` (B, S);
+  ``inverse`` = argsort(perm) gives the backward pass as a gather too (no
+  scatter-add)."""
+  return jnp.take_along_axis(x, perm.reshape(perm.shape + (1,) * (x.ndim - 2)),
+                             axis=1)
+
+
+def _take_keys_fwd(x, perm, inverse):
+  return _take_keys(x, perm, inverse), (perm, inverse)
+
+
+def _take_keys_bwd(res, g):
+  perm, inverse = res
+  return _take_keys(g, inverse, perm), None, None
+
+
+_take_keys.defvjp(_take_keys_fwd, _take_keys_bwd)
+
+
+def masked_attention(q, k, v, mask, *, implementation: str = "cudnn"):
+  """Attention of (B, N, H, hd) q to the keys ``mask`` (B, S) marks, as
+  sequence lengths.
+
+  cuDNN's training kernels refuse a mask given as a bias (what
+  ``jax.nn.dot_product_attention(mask=...)`` makes of it) at odd lengths,
+  but take sequence lengths at any length. Attention does not depend on the
+  order of the keys (each query's softmax and weighted sum run over the set
+  of them), so each row's valid keys are moved first, in order (k and v
+  gathered alike: a NaFlex batch's padding is already last, and its
+  permutation is the identity), and their count is the row's
+  ``key_value_seq_lengths`` for :func:`padded_attention`. The same function
+  as the mask for every mask with at least one valid key per row; a row with
+  none (an all-padding example) reads its first key (the mask as a bias
+  would average all of them: both meaningless, this one finite).
+  """
+  count = jnp.maximum(jnp.sum(mask, axis=-1, dtype=jnp.int32), 1)
+  perm = jnp.argsort(jnp.logical_not(mask).astype(jnp.int32), axis=-1,
+                     stable=True)
+  inverse = jnp.argsort(perm, axis=-1)
+  k, v = (_take_keys(t, perm, inverse) for t in (k, v))
+  return padded_attention(q, k, v, implementation=implementation,
+                          key_value_seq_lengths=count)
 
 
 def choose_attention(backend: str, dtype, head_dim: int, *,
@@ -624,7 +677,8 @@ def choose_attention(backend: str, dtype, head_dim: int, *,
     ``'weights'`` (probabilities materialised: needed for dropout and for
     sowing, whatever was requested), ``'matmul'`` (:func:`attention`, the
     fastest on CPU), ``'cudnn'`` (``jax.nn.dot_product_attention``'s fused
-    cuDNN kernel through :func:`padded_attention`: GPU, bfloat16/float16,
+    cuDNN kernel through :func:`padded_attention` (a key mask through
+    :func:`masked_attention`): GPU, bfloat16/float16,
     head_dim a multiple of 8 up to 128; where JAX refuses it (a shape, no
     cuDNN), a chosen (not requested) ``'cudnn'`` runs ``'xla'``) or ``'xla'``
     (``jax.nn.dot_product_attention`` lowered by XLA).

@@ -359,16 +359,20 @@ class MultiHeadDotProductAttention(nn.Module):
 
 def _fused_attention(q, k, v, mask, impl: str, *, fallback: bool):
   """``jax.nn.dot_product_attention`` ('xla' or 'cudnn'); ``mask`` (B, S)
-  marks the keys to attend to (no padding then: JAX turns the mask into a
-  bias, which cuDNN's training kernels refuse for odd lengths). A cuDNN
+  marks the keys to attend to. cuDNN runs through
+  :func:`kernels.padded_attention` (its training kernels refuse odd
+  lengths) and, with a mask, :func:`kernels.masked_attention` (the mask
+  as sequence lengths, each row's valid keys moved first). A cuDNN
   call JAX refuses while tracing (for these shapes: NotImplementedError;
   no cuDNN, as on a ROCm GPU: RuntimeError) runs XLA's where ``fallback``
   (the implementation was chosen, not requested); an error of the run
   itself (JaxRuntimeError: out of memory, a failed kernel) is raised."""
   try:
-    if mask is None:
-      if impl == "cudnn":
+    if impl == "cudnn":
+      if mask is None:
         return kernels.padded_attention(q, k, v, implementation="cudnn")
+      return kernels.masked_attention(q, k, v, mask, implementation="cudnn")
+    if mask is None:
       return jax.nn.dot_product_attention(q, k, v, implementation=impl)
     b, n, s = q.shape[0], q.shape[1], k.shape[1]
     return jax.nn.dot_product_attention(
