@@ -28,8 +28,9 @@ every child of an ``--isa avx2`` run); the library never touches it.
 ``python bench/mlas_isa.py`` prints what it changes and times onnxruntime's
 float32 MatMul (constant right operand, as a model's weights) native and
 capped, each in a child process of its own. Measured on an AMD EPYC Zen 5
-(2 vCPUs), onnxruntime 1.32.0: 2048^3 ~455 GFLOP/s native, ~245 capped, as
-XLA's and MKL's capped GEMMs (bench/results/zen5_2026-11-26_mlas_cap.txt).
+(2 vCPUs), onnxruntime 1.32.0: 2048^3 468-471 GFLOP/s native, 256-258
+capped, as XLA's and MKL's capped GEMMs
+(bench/results/zen5_2026-11-26_mlas_cap.txt).
 """
 from __future__ import annotations
 
@@ -52,10 +53,12 @@ ENV = "VIT_JAX_BENCH_MLAS_ISA"
 _MLAS_GATE = re.compile(
     rb"(\x41?\xf7[\xc0-\xc7])(\x00\x00\x01\x00)\x74.(?:.{0,16}?)\xa8\xe0",
     re.S)
-# CPUIDInfo::X86Init: `and r32, 0xE6` on XCR0, then `cmp r32, 0xE6` (once
-# for AVX-512F and Skylake, once for AVX-512 BF16) on the same register.
+# CPUIDInfo::X86Init: `and r32, 0xE6` on XCR0, then, within a few hundred
+# bytes, `cmp r32, 0xE6` on the same register twice (once for AVX-512F and
+# Skylake, once for AVX-512 BF16).
 _CPUID_AND = re.compile(rb"(\x41?)\x81([\xe0-\xe7])\xe6\x00\x00\x00")
 _CPUID_SPAN = 256
+_CPUID_CMPS = 2
 
 
 def _text_range(data) -> Tuple[int, int]:
@@ -80,27 +83,32 @@ def patch(data: bytearray) -> List[str]:
         f"MLAS's AVX-512F gate (test reg, 0x10000; je; test al, 0xE0) found "
         f"{len(gates)} times in .text, expected once: this onnxruntime build "
         "is not one bench/mlas_isa.py knows; its kernels cannot be capped")
-  edits = []
   g = gates[0]
-  at = start + g.start(2)
-  edits.append((at, b"\x00\x00\x00\x00",
-                f"MLAS AVX-512F gate at {start + g.start():#x}: "
-                "test reg, 0x10000 -> test reg, 0"))
+  edits = [(start + g.start(2), b"\x00\x00\x00\x00",
+            f"MLAS AVX-512F gate at {start + g.start():#x}: "
+            "test reg, 0x10000 -> test reg, 0")]
+  groups = []  # per `and reg, 0xE6`: the offsets of its `cmp reg, 0xE6`
   for a in _CPUID_AND.finditer(text):
     rex, modrm = a.group(1), a.group(2)[0]
     cmp = rex + bytes([0x81, 0xf8 + (modrm - 0xe0)]) + b"\xe6\x00\x00\x00"
     window = text[a.end():a.end() + _CPUID_SPAN]
-    pos = window.find(cmp)
+    found, pos = [], window.find(cmp)
     while pos >= 0:
-      imm = start + a.end() + pos + len(rex) + 2
-      if not any(e[0] == imm for e in edits):
-        edits.append((imm, b"\xe7", f"CPUIDInfo XCR0 check at "
-                      f"{imm - len(rex) - 2:#x}: cmp reg, 0xE6 -> 0xE7"))
+      at = start + a.end() + pos  # the instruction; its immediate follows
+      found.append((at + len(rex) + 2, at))
       pos = window.find(cmp, pos + 1)
-  if len(edits) == 1:
-    raise ValueError("onnxruntime's CPUIDInfo check of XCR0 (and reg, 0xE6; "
-                     "cmp reg, 0xE6) not found: this build is not one "
-                     "bench/mlas_isa.py knows")
+    if found:
+      groups.append(found)
+  if len(groups) != 1 or len(groups[0]) != _CPUID_CMPS:
+    raise ValueError(
+        "onnxruntime's CPUIDInfo checks of XCR0 (and reg, 0xE6; then "
+        f"{_CPUID_CMPS} x cmp reg, 0xE6) found as "
+        f"{[[hex(at) for _, at in g] for g in groups]} in .text, "
+        "expected one such group: this onnxruntime build is not one "
+        "bench/mlas_isa.py knows; its kernels cannot be capped")
+  for imm, at in groups[0]:
+    edits.append((imm, b"\xe7", f"CPUIDInfo XCR0 check at {at:#x}: "
+                  "cmp reg, 0xE6 -> 0xE7"))
   for at, new, _ in edits:
     data[at:at + len(new)] = new
   return [e[2] for e in edits]
@@ -131,12 +139,14 @@ def capped_package(cache: Optional[str] = None) -> str:
   ext = _extension(src)
   with open(ext, "rb") as f:
     data = bytearray(f.read())
-  key = hashlib.sha256(data).hexdigest()[:16]
+  # Keyed by the build and by where it is installed: the copy's other files
+  # are links into that installation.
+  key = hashlib.sha256(data + os.path.realpath(src).encode()).hexdigest()[:16]
   cache = cache or os.path.join(
       os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"),
       "vit_jax_bench", "mlas_avx2")
   root = os.path.join(cache, key)
-  if os.path.isdir(os.path.join(root, "onnxruntime")):
+  if os.path.isfile(os.path.join(root, "onnxruntime", "__init__.py")):
     return root
   os.makedirs(cache, exist_ok=True)
   changes = patch(data)

@@ -372,7 +372,7 @@ def test_mlas_cap_patches_a_copy_and_keeps_its_results(tmp_path):
     original = f.read()
   data = bytearray(original)
   changes = mlas_isa.patch(data)
-  assert changes[0].startswith("MLAS AVX-512F gate") and len(changes) >= 2
+  assert changes[0].startswith("MLAS AVX-512F gate") and len(changes) == 3
   diff = [i for i, (x, y) in enumerate(zip(original, data)) if x != y]
   # one byte each: 0x00010000 -> 0, then 0xE6 -> 0xE7
   assert len(diff) == len(changes) and original[diff[0]] == 0x01
@@ -385,6 +385,7 @@ def test_mlas_cap_patches_a_copy_and_keeps_its_results(tmp_path):
   assert machine.EMULATE_AVX2[mlas_isa.ENV] == "avx2"  # --isa avx2 sets it
   env = dict(os.environ, PYTHONPATH=REPO, XDG_CACHE_HOME=str(tmp_path))
   env[mlas_isa.ENV] = "avx2"
+  made = None
   for _ in range(2):  # made, then reused
     p = subprocess.run([sys.executable, "-c", _MLAS_PROBE], cwd=REPO, env=env,
                        capture_output=True, text=True, timeout=300)
@@ -392,6 +393,12 @@ def test_mlas_cap_patches_a_copy_and_keeps_its_results(tmp_path):
     root, where, err = p.stdout.strip().splitlines()[-3:]
     assert root.startswith(str(tmp_path / "vit_jax_bench" / "mlas_avx2"))
     assert where.startswith(root) and float(err) < 1e-5
+    stamp = os.stat(os.path.join(root, "PATCHED.txt")).st_mtime_ns
+    assert made in (None, stamp)  # the second child reused the copy
+    made = stamp
+    assert os.listdir(os.path.dirname(root)) == [os.path.basename(root)]
+    with open(os.path.join(root, "PATCHED.txt"), encoding="utf-8") as f:
+      assert f.read().splitlines()[1:] == changes
   with open(ext, "rb") as f:
     assert f.read() == original
   env[mlas_isa.ENV] = "avx512"

@@ -89,7 +89,7 @@ def test_vit_b16_bfloat16_trains_with_the_chosen_attention():
 
 
 def test_naflex_bfloat16_trains_with_cudnn_sequence_lengths():
-  """A NaFlex batch (odd length: 1 + 37 tokens, padding last) on a GPU in
+  """A NaFlex batch (odd length: 1 + 36 tokens, padding last) on a GPU in
   bfloat16 runs cuDNN with the key counts as sequence lengths, forward and
   backward, and matches XLA's masked attention."""
   from vit_jax.data import naflex as data_naflex  # pylint: disable=import-outside-toplevel
@@ -98,7 +98,7 @@ def test_naflex_bfloat16_trains_with_cudnn_sequence_lengths():
           for h, w in ((3, 5), (6, 6), (2, 9))]
   batch = data_naflex.collate(
       [dict(zip(data_naflex.KEYS, data_naflex.patchify(x, 16))) for x in imgs],
-      37)
+      36)
   batch = jax.tree_util.tree_map(jnp.asarray, batch)
   out, hlo = {}, {}
   for impl in (None, "xla"):
