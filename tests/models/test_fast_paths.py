@@ -443,6 +443,37 @@ def test_dense_gelu_equals_the_autodiff_form_forward_and_backward():
       "Dense_0"]["kernel"], params["params"]["Dense_0"]["bias"]) is None
 
 
+@pytest.mark.skipif(jax.default_backend() != "cpu", reason="XLA:CPU fusion")
+def test_bias_gelu_backward_recomputes_erf_rather_than_keeping_it():
+  """Forward and backward in one program (a train step): the forward is one
+  pass, y -> gelu(y + bias), with no erf written out for the backward,
+  which computes its own from y (merged, erf was a residual of the
+  hidden layer's size, written in a pass of its own)."""
+  y = jax.random.normal(jax.random.key(30), (197, 96))
+  bias = jax.random.normal(jax.random.key(31), (96,))
+  g = jax.random.normal(jax.random.key(32), (197, 96))
+
+  def fwd_bwd(y, bias, g):
+    out, vjp = jax.vjp(kernels.bias_gelu, y, bias)
+    return out, vjp(g)
+
+  hlo = jax.jit(fwd_bwd).lower(y, bias, g).compile().as_text()
+  comps = _fused_computations(hlo)
+  with_erf = [c for c, body in comps.items() if " erf(" in body]
+  assert len(with_erf) == 2, with_erf  # one forward, one backward
+  # neither fusion's result is erf itself (no erf residual)
+  for c in with_erf:
+    root = [l for l in comps[c].splitlines() if "ROOT" in l][0]
+    assert " erf(" not in root, root
+  out, (dy, db) = jax.jit(fwd_bwd)(y, bias, g)
+  h = y + bias
+  ref_dy = jax.grad(lambda h: jnp.sum(jax.nn.gelu(h, approximate=False) * g))(h)
+  np.testing.assert_allclose(out, jax.nn.gelu(h, approximate=False),
+                             rtol=1e-6, atol=1e-6)
+  np.testing.assert_allclose(dy, ref_dy, rtol=1e-5, atol=1e-6)
+  np.testing.assert_allclose(db, ref_dy.sum(0), rtol=1e-5, atol=1e-5)
+
+
 @pytest.mark.parametrize("size, patch, bias", [(32, 16, True), (37, 16, True),
                                                (12, 4, False), (8, 1, True)])
 def test_patch_embed_equals_the_strided_convolution(size, patch, bias):
