@@ -186,7 +186,9 @@ def _fused_computations(hlo: str) -> dict:
 def test_cpu_attention_products_share_a_fusion_with_a_row_sum():
   """XLA:CPU's YNNPACK runs a batched (N, N) x (N, hd) product alone on one
   core and, with a reduction in its fusion, on all of them: e v (forward)
-  and ds k (backward) each carry a row sum of e that nothing else uses.
+  and ds k (backward) each carry a row sum of e that nothing else uses,
+  and in float32 p^T do and ds^T q (dv, dk) are row-major products of
+  transposed copies, each with a row sum of its copy (times zero).
   (XLA fuses the reduction from about 24 (batch, head) blocks of ViT-Ti's
   197 x 64 on, 12 not: checked here at ViT-Ti/16's batch 16, 48.)"""
   q, k, v, g = (kernels.head_major(t) for t in _qkv(b=16, n=197, h=3, hd=64)
@@ -204,9 +206,11 @@ def test_cpu_attention_products_share_a_fusion_with_a_row_sum():
   # the (G, N, hd) outputs of products contracting over the N keys
   products = [c for c in ynn if re.search(
       r"f32\[48,197,64\]\S* dot\(.*lhs_contracting_dims=\{2\}", comps[c])]
-  assert len(products) == 2, (ynn, products)
+  assert len(products) == 4, (ynn, products)  # e v, ds k, p^T do, ds^T q
   for c in products:
     assert " reduce(" in comps[c], comps[c]
+  # and no product contracts over rows (the Eigen dot it replaced)
+  assert not re.search(r"dot\(.*lhs_contracting_dims=\{1\}", hlo), hlo
 
 
 @pytest.mark.parametrize("backend, dtype, head_dim, kw, want", [
