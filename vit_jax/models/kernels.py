@@ -468,52 +468,40 @@ def _attention_block_bwd(q, k, v, o, e, do, scale):
   f32 = jnp.float32
   # ds = p * (dp - delta) is not materialised: the (N, N) pass computes
   # e * (dp - delta), and 1/l (with the scale) is applied to the output of
-  # dq = ds k, and for dk = ds^T q and dv = p^T do to the (N, hd) operands
-  # q and do (bf16) or in the transposed copies of ds and e (float32). The
-  # sum for dq is a fresh one in dq's fusion (see _attention_block_fwd), so
-  # that dq runs on every core. Every product accumulates in float32 (the
-  # fast bf16 path on CPU).
+  # dq = ds k, and in the transposed copies of e and ds that dv = p^T do and
+  # dk = ds^T q read (_rows_product). The sum for dq is a fresh one in dq's
+  # fusion (see _attention_block_fwd), so that dq runs on every core. Every
+  # product takes operands in the input dtype and accumulates in float32
+  # (the fast bf16 path on CPU).
   inv_l = 1.0 / _recomputed_row_sum(e)
   dp = _bdot(do, v, ((2,), (2,)))
   # rowsum(dp * p) == rowsum(do * o): softmax's Jacobian-vector product.
   delta = jnp.sum(do.astype(f32) * o.astype(f32), axis=-1, keepdims=True)
-  ds = (e * (dp - delta)).astype(q.dtype)
-  dq = _bdot(ds, k, ((2,), (1,))) * (scale / _recomputed_row_sum(e, ds))
-  if q.dtype in _LOW_PRECISION:
-    e = e.astype(do.dtype)
-    do_l = (do * inv_l).astype(do.dtype)
-    q_l = (q * (inv_l * scale)).astype(q.dtype)
-    # dv = e^T (do / l) and dk = ds^T (q / l) contract over the rows of both
-    # operands, a layout XLA:CPU's bf16 GEMM library does not take (it would
-    # upcast them to float32 Eigen GEMMs); computed transposed, as
-    # (do / l)^T e and (q / l)^T ds, from copies of the small (N, hd)
-    # operands, they stay bf16 (~1.5x faster attention backward,
-    # bench/README.md).
-    dv = _swap_last(_bdot(_swap_last(do_l), e, ((2,), (1,))))
-    dk = _swap_last(_bdot(_swap_last(q_l), ds, ((2,), (1,))))
-  else:
-    # float32: dv = p^T do and dk = (ds / l * scale)^T q from transposed
-    # copies of the (N, N) operands, the 1/l scaling done in the copy, as
-    # row-major YNNPACK products on every core (see _rows_product).
-    dv = _rows_product(e * inv_l, do)
-    dk = _rows_product(ds * (inv_l * scale), q)
+  ds = e * (dp - delta)
+  dq = _bdot(ds.astype(q.dtype), k, ((2,), (1,))) * (
+      scale / _recomputed_row_sum(e, ds))
+  dv = _rows_product(e * inv_l, do)
+  dk = _rows_product(ds * (inv_l * scale), q)
   return dq.astype(q.dtype), dk.astype(k.dtype), dv.astype(v.dtype)
 
 
 def _rows_product(a, b):
-  """``a^T b`` per block, (G, M, K) x (G, M, N) -> (G, K, N), float32,
-  for XLA:CPU: ``a`` transposed into a copy (the barrier keeps XLA from
-  folding the transpose into the product's fusion, where YNNPACK runs it
-  slowly), then a row-major product whose fusion also holds a row sum of
-  that copy, multiplied by zero: with a reduction in its fusion YNNPACK
-  runs the batched product on every core, without one on one core (see
-  _attention_block_fwd). Contracting over the rows directly (an Eigen
-  dot) ran at 1.5-3 ms for ViT-Ti/16's (48, 197, 197) blocks on an AVX2
-  CPU, this form at ~1.8 ms with the copy; the train step 1.04x faster
-  (bench/README.md). ``x * (1 + 0 * sum)`` is ``x`` for every finite
-  sum (these sums are of finite probabilities and gradients)."""
-  t = lax.optimization_barrier(_swap_last(a))
-  keep = 1.0 + 0.0 * jnp.sum(t, axis=-1, keepdims=True)
+  """``a^T b`` per block, (G, M, K) x (G, M, N) -> (G, K, N), ``a`` rounded
+  to ``b``'s dtype, accumulated in float32, for XLA:CPU: ``a`` transposed
+  into a copy (the barrier keeps XLA from folding the transpose into the
+  product's fusion, where YNNPACK runs it slowly), then a row-major
+  product whose fusion also holds a row sum of that copy, multiplied by
+  zero: with a reduction in its fusion YNNPACK runs the batched product on
+  every core, without one on one core (see _attention_block_fwd).
+  Contracting over the rows directly is an Eigen dot in float32 (1.5-3 ms
+  for ViT-Ti/16's (48, 197, 197) blocks on an AVX2 CPU against ~1.8 ms for
+  this form, copy included) and a float32 upcast in bf16; transposing the
+  small (N, hd) operand and the result instead leaves the product on one
+  core. Train step 1.04-1.05x faster in float32, 1.04x in bf16
+  (bench/README.md). ``x * (1 + 0 * sum)`` is ``x`` for every finite sum
+  (sums of probabilities and of finite gradients)."""
+  t = lax.optimization_barrier(_swap_last(a.astype(b.dtype)))
+  keep = 1.0 + 0.0 * jnp.sum(t.astype(jnp.float32), axis=-1, keepdims=True)
   return _bdot(t, b, ((2,), (1,))) * keep
 
 
