@@ -187,7 +187,7 @@ def test_cpu_attention_products_share_a_fusion_with_a_row_sum():
   """XLA:CPU's YNNPACK runs a batched (N, N) x (N, hd) product alone on one
   core and, with a reduction in its fusion, on all of them: e v (forward)
   and ds k (backward) each carry a row sum of e that nothing else uses,
-  and in float32 p^T do and ds^T q (dv, dk) are row-major products of
+  and p^T do and ds^T q (dv, dk; every dtype) are row-major products of
   transposed copies, each with a row sum of its copy (times zero).
   (XLA fuses the reduction from about 24 (batch, head) blocks of ViT-Ti's
   197 x 64 on, 12 not: checked here at ViT-Ti/16's batch 16, 48.)"""
