@@ -420,7 +420,7 @@ def test_dense_gelu_equals_the_autodiff_form_forward_and_backward():
   as autodiff through layers.gelu; the parameter tree is unchanged."""
   x = 2.0 * jax.random.normal(jax.random.key(20), (3, 11, 24))
   w = jax.random.normal(jax.random.key(21), (3, 11, 40))
-  mlp = layers.MlpBlock(mlp_dim=40)
+  mlp = layers.MlpBlock(layers.BlockConfig(mlp_dim=40))
   params = mlp.init(jax.random.key(22), x)
   params = jax.tree_util.tree_map(
       lambda a: a + 0.3 * jnp.cos(jnp.arange(a.size)).reshape(a.shape),

@@ -16,8 +16,8 @@ torch or TensorFlow.
 """
 
 from vit_jax.models.layers import (  # noqa: F401  (building blocks)
-    LN_EPS, AddPositionEmbs, Encoder, Encoder1DBlock, LayerNorm, MAPHead,
-    MlpBlock, MultiHeadDotProductAttention, PatchEmbed, activation)
+    LN_EPS, AddPositionEmbs, BlockConfig, Encoder, Encoder1DBlock, LayerNorm,
+    MAPHead, MlpBlock, MultiHeadDotProductAttention, PatchEmbed, activation)
 from vit_jax.models.variants import (  # noqa: F401
     ARCH_FIELDS, FIELDS, OPTION_FIELDS, SIZES, VARIANTS, Variant, arch_record,
     count_params, decode_variant, from_record, get_model, init_params,

@@ -11,6 +11,7 @@ blocks; the arithmetic lives in :mod:`vit_jax.models.kernels`.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import math
 from typing import Any, Optional, Sequence, Tuple
@@ -143,6 +144,55 @@ def norm_layer(norm_type: str, epsilon: float, dtype, param_dtype):
   raise ValueError(f"norm_type={norm_type!r}: expected one of {NORMS}")
 
 
+@dataclasses.dataclass(frozen=True)
+class BlockConfig:
+  """What every encoder block shares: the one record of the block options.
+
+  Built once from :class:`~vit_jax.models.VisionTransformer`'s public
+  fields of the same names (:meth:`of`) and passed down whole: the encoder
+  gives it to each block, each block to its attention and MLP, which read
+  the options they use. A new block option is a field here and on
+  ``VisionTransformer`` (and in the weights table that maps it), nothing in
+  between. The meaning of each field is documented on
+  ``VisionTransformer``; ``rope`` is the rotary variant (its tables are
+  built once by the encoder and passed to every block).
+  """
+
+  num_heads: int = 12
+  mlp_dim: int = 3072
+  dtype: Dtype = jnp.float32
+  param_dtype: Dtype = jnp.float32
+  dropout_rate: float = 0.0
+  attention_dropout_rate: float = 0.0
+  sow_attention_weights: bool = False
+  attention_impl: Optional[str] = None
+  layer_scale_init: Optional[float] = None
+  layer_norm_eps: float = LN_EPS
+  act: str = "gelu"
+  qkv_bias: bool = True
+  key_bias: bool = True
+  proj_bias: bool = True
+  qk_norm: bool = False
+  attn_norm: bool = False
+  norm_type: str = "layer"
+  gated_mlp: Optional[str] = None
+  mlp_norm: bool = False
+  post_norm: bool = False
+  rope: Optional[str] = None
+
+  @classmethod
+  def of(cls, module) -> "BlockConfig":
+    """The record of ``module``'s fields of the same names (a
+    ``VisionTransformer``)."""
+    return cls(**{f.name: getattr(module, f.name)
+                  for f in dataclasses.fields(cls)})
+
+  def norm(self):
+    """The constructor of the blocks' norm (takes ``name=``)."""
+    return norm_layer(self.norm_type, self.layer_norm_eps, self.dtype,
+                      self.param_dtype)
+
+
 class _Projection(nn.Module):
   """Holds a DenseGeneral-shaped kernel and bias (names as linen's)."""
 
@@ -269,79 +319,71 @@ class MultiHeadDotProductAttention(nn.Module):
   function. Attention weights are sown with ``sow_weights`` and dropped out
   with an active dropout rate.
 
-  Options of the newer families, each adding parameters only when on:
-  ``key_bias=False`` (query and value biases but none on the key: EVA,
-  DINOv3), ``out_bias=False`` (AIMv2), ``qk_norm`` (a norm over each head's
-  queries and keys: linen's ``query_ln`` / ``key_ln``), ``inner_norm`` (a
-  norm of the heads' output before the out projection: EVA-02 CLIP's
-  ``inner_norm``). ``rope=(sin, cos, kind)`` rotates the queries and keys
-  after those norms (:mod:`vit_jax.models.rope`). ``mask`` (B, S) bool:
-  the keys that may be read (a NaFlex batch's padding is not); every path
-  computes the same masked function.
+  Its options are the :class:`BlockConfig` ``config`` (``num_heads``,
+  ``dtype``, ``attention_dropout_rate``, ``sow_attention_weights``,
+  ``attention_impl``, ``qkv_bias``; the newer families', each adding
+  parameters only when on: ``key_bias=False`` (query and value biases but
+  none on the key: EVA, DINOv3), ``proj_bias=False`` (no bias on ``out``:
+  AIMv2), ``qk_norm`` (a norm over each head's queries and keys: linen's
+  ``query_ln`` / ``key_ln``), ``attn_norm`` (a norm of the heads' output
+  before the out projection: EVA-02 CLIP's ``inner_norm``).
+  ``rope=(sin, cos, kind)`` rotates the queries and keys after those norms
+  (:mod:`vit_jax.models.rope`). ``mask`` (B, S) bool: the keys that may be
+  read (a NaFlex batch's padding is not); every path computes the same
+  masked function.
   """
 
-  num_heads: int
-  dtype: Dtype = jnp.float32
-  param_dtype: Dtype = jnp.float32
-  dropout_rate: float = 0.0
+  config: BlockConfig = BlockConfig()
   deterministic: bool = True
-  sow_weights: bool = False
-  attention_impl: Optional[str] = None  # None | 'matmul' | 'xla' | 'cudnn'
-  qkv_bias: bool = True
-  key_bias: bool = True
-  out_bias: bool = True
-  qk_norm: bool = False
-  inner_norm: bool = False
-  norm_type: str = "layer"
-  layer_norm_eps: float = LN_EPS
 
   @nn.compact
   def __call__(self, inputs_q, inputs_kv=None, rope=None, mask=None):
+    cfg = self.config
     inputs_kv = inputs_q if inputs_kv is None else inputs_kv
     b, n, d = inputs_q.shape
     s = inputs_kv.shape[1]
-    if d % self.num_heads:
+    if d % cfg.num_heads:
       raise ValueError(
-          f"hidden size {d} is not divisible by num_heads={self.num_heads}")
-    h, hd = self.num_heads, d // self.num_heads
-    qkv = [_Projection((d, h, hd), (h, hd), self.param_dtype,
-                       use_bias=self.qkv_bias and (
-                           name != "key" or self.key_bias), name=name)()
+          f"hidden size {d} is not divisible by num_heads={cfg.num_heads}")
+    h, hd = cfg.num_heads, d // cfg.num_heads
+    qkv = [_Projection((d, h, hd), (h, hd), cfg.param_dtype,
+                       use_bias=cfg.qkv_bias and (
+                           name != "key" or cfg.key_bias), name=name)()
            for name in ("query", "key", "value")]
-    out_kernel, out_bias = _Projection((h, hd, d), (d,), self.param_dtype,
-                                       use_bias=self.out_bias, name="out")()
+    out_kernel, out_bias = _Projection((h, hd, d), (d,), cfg.param_dtype,
+                                       use_bias=cfg.proj_bias, name="out")()
     # Three (B*N, D) x (D, D) GEMMs. One fused (D, 3D) GEMM would need the
     # three kernels concatenated on every call (a copy of 3*D*D weights
     # that costs more on CPU than it saves; measured in bench/README.md).
-    xq = inputs_q.astype(self.dtype).reshape(b * n, d)
+    xq = inputs_q.astype(cfg.dtype).reshape(b * n, d)
     xkv = xq if inputs_kv is inputs_q else inputs_kv.astype(
-        self.dtype).reshape(b * s, d)
+        cfg.dtype).reshape(b * s, d)
     q = _project(xq, *qkv[0]).reshape(b, n, h, hd)
     k = _project(xkv, *qkv[1]).reshape(b, s, h, hd)
     v = _project(xkv, *qkv[2]).reshape(b, s, h, hd)
-    norm = norm_layer(self.norm_type, self.layer_norm_eps, self.dtype,
-                      self.param_dtype)
-    if self.qk_norm:
+    norm = cfg.norm()
+    if cfg.qk_norm:
       q, k = norm(name="query_ln")(q), norm(name="key_ln")(k)
     if rope is not None:
       sin, cos, kind = rope
       q, k = rope_lib.apply(q, sin, cos, kind), rope_lib.apply(k, sin, cos, kind)
 
-    use_dropout = self.dropout_rate > 0.0 and not self.deterministic
+    rate = cfg.attention_dropout_rate
+    use_dropout = rate > 0.0 and not self.deterministic
     impl = kernels.choose_attention(
-        jax.default_backend(), q.dtype, hd, requested=self.attention_impl,
-        dropout=use_dropout, sow_weights=self.sow_weights)
+        jax.default_backend(), q.dtype, hd, requested=cfg.attention_impl,
+        dropout=use_dropout, sow_weights=cfg.sow_attention_weights)
     scale = 1.0 / math.sqrt(hd)
     if impl in ("matmul", "weights"):
       qh, kh, vh = (kernels.head_major(t) for t in (q, k, v))
       bias = None if mask is None else naflex.attention_bias(mask)
       if impl == "weights":
         weights = kernels.attention_weights(qh, kh, scale, bias).astype(
-            self.dtype)
-        if self.sow_weights:
+            cfg.dtype)
+        if cfg.sow_attention_weights:
           self.sow("intermediates", "attention_weights", weights)
         if use_dropout:
-          weights = nn.Dropout(self.dropout_rate)(weights, deterministic=False)
+          weights = nn.Dropout(rate)(weights, deterministic=False)
         oh = jnp.einsum("bhqk,bhkd->bhqd", weights, vh)
       elif bias is None:
         oh = kernels.attention(qh, kh, vh, scale)
@@ -350,9 +392,9 @@ class MultiHeadDotProductAttention(nn.Module):
       y = jnp.transpose(oh, (0, 2, 1, 3))  # (B, N, H, hd)
     else:
       y = _fused_attention(q, k, v, mask, impl,
-                           fallback=self.attention_impl is None)
+                           fallback=cfg.attention_impl is None)
     y = y.reshape(b * n, d)
-    if self.inner_norm:
+    if cfg.attn_norm:
       y = norm(name="inner_norm")(y)
     return _project(y, out_kernel, out_bias).reshape(b, n, d)
 
@@ -386,64 +428,57 @@ def _fused_attention(q, k, v, mask, impl: str, *, fallback: bool):
 
 
 class MlpBlock(nn.Module):
-  """Dense -> activation -> dropout -> Dense -> dropout.
+  """Dense -> activation -> dropout -> Dense -> dropout, of the
+  :class:`BlockConfig` ``config`` (``mlp_dim``, ``act``, ``dropout_rate``,
+  ``dtype``).
 
-  ``gated`` makes it a gated linear unit (SwiGLU with ``act='silu'``):
+  ``gated_mlp`` makes it a gated linear unit (SwiGLU with ``act='silu'``):
   ``Dense_1(act(gate) * value)``. ``'packed'``: gate and value are the two
   halves of one ``Dense_0`` of width 2 * ``mlp_dim`` (the gate first: timm's
   ``GluMlp`` / ``SwiGLUPacked``, DINOv2 giant, EVA-02 Ti/S); ``'split'``:
   ``Gate_0`` and ``Dense_0`` (timm's ``SwiGLU`` ``fc1_g`` / ``fc1_x``:
-  DINOv3 S+/H+/7B, EVA-02 B/L, AIMv2). ``norm``: a norm over the hidden
-  layer before ``Dense_1`` (``LayerNorm_0``; EVA-02 B/L). ``use_bias=False``:
-  no biases (AIMv2).
+  DINOv3 S+/H+/7B, EVA-02 B/L, AIMv2). ``mlp_norm``: a norm over the hidden
+  layer before ``Dense_1`` (``LayerNorm_0``; EVA-02 B/L).
+  ``proj_bias=False``: no biases (AIMv2).
   """
 
-  mlp_dim: int
-  dtype: Dtype = jnp.float32
-  param_dtype: Dtype = jnp.float32
-  dropout_rate: float = 0.0
+  config: BlockConfig = BlockConfig()
   deterministic: bool = True
-  act: str = "gelu"
-  gated: Optional[str] = None  # None | 'packed' | 'split'
-  norm: bool = False
-  norm_type: str = "layer"
-  layer_norm_eps: float = LN_EPS
-  use_bias: bool = True
 
   @nn.compact
   def __call__(self, x):
-    d = x.shape[-1]
-    x = x.astype(self.dtype)
+    cfg = self.config
+    d, width = x.shape[-1], cfg.mlp_dim
+    x = x.astype(cfg.dtype)
     # In bf16/f16 the hidden layer leaves its GEMM in float32 (the GEMM
     # accumulates in float32 anyway) and GELU runs in float32: exact-erf
     # GELU and its gradient are slower in bf16 on CPU, and less accurate.
     low = x.dtype in (jnp.bfloat16, jnp.float16)
     hidden_dtype = jnp.float32 if low else None
-    dense = functools.partial(Dense, param_dtype=self.param_dtype,
-                              use_bias=self.use_bias)
-    act = activation(self.act)
-    if self.gated is None and self.act == "gelu":
-      x = dense(self.mlp_dim, name="Dense_0")(x, out_dtype=hidden_dtype,
-                                              with_gelu=True)
-    elif self.gated is None:
-      x = act(dense(self.mlp_dim, name="Dense_0")(x, out_dtype=hidden_dtype))
-    elif self.gated == "packed":
-      h = dense(2 * self.mlp_dim, name="Dense_0")(x, out_dtype=hidden_dtype)
-      x = act(h[..., :self.mlp_dim]) * h[..., self.mlp_dim:]
-    elif self.gated == "split":
-      gate = dense(self.mlp_dim, name="Gate_0")(x, out_dtype=hidden_dtype)
-      value = dense(self.mlp_dim, name="Dense_0")(x, out_dtype=hidden_dtype)
+    dense = functools.partial(Dense, param_dtype=cfg.param_dtype,
+                              use_bias=cfg.proj_bias)
+    act = activation(cfg.act)
+    if cfg.gated_mlp is None and cfg.act == "gelu":
+      x = dense(width, name="Dense_0")(x, out_dtype=hidden_dtype,
+                                       with_gelu=True)
+    elif cfg.gated_mlp is None:
+      x = act(dense(width, name="Dense_0")(x, out_dtype=hidden_dtype))
+    elif cfg.gated_mlp == "packed":
+      h = dense(2 * width, name="Dense_0")(x, out_dtype=hidden_dtype)
+      x = act(h[..., :width]) * h[..., width:]
+    elif cfg.gated_mlp == "split":
+      gate = dense(width, name="Gate_0")(x, out_dtype=hidden_dtype)
+      value = dense(width, name="Dense_0")(x, out_dtype=hidden_dtype)
       x = act(gate) * value
     else:
-      raise ValueError(f"gated_mlp={self.gated!r}: expected None, 'packed' "
-                       f"or 'split'")
-    x = x.astype(self.dtype)
-    x = nn.Dropout(self.dropout_rate)(x, deterministic=self.deterministic)
-    if self.norm:
-      x = norm_layer(self.norm_type, self.layer_norm_eps, self.dtype,
-                     self.param_dtype)(name="LayerNorm_0")(x)
+      raise ValueError(f"gated_mlp={cfg.gated_mlp!r}: expected None, "
+                       f"'packed' or 'split'")
+    x = x.astype(cfg.dtype)
+    x = nn.Dropout(cfg.dropout_rate)(x, deterministic=self.deterministic)
+    if cfg.mlp_norm:
+      x = cfg.norm()(name="LayerNorm_0")(x)
     x = dense(d, name="Dense_1")(x)
-    return nn.Dropout(self.dropout_rate)(x, deterministic=self.deterministic)
+    return nn.Dropout(cfg.dropout_rate)(x, deterministic=self.deterministic)
 
 
 class LayerScale(nn.Module):
@@ -461,109 +496,78 @@ class LayerScale(nn.Module):
 
 
 class Encoder1DBlock(nn.Module):
-  """Pre-norm transformer block: x + MHSA(LN(x)); x + MLP(LN(x)), each
-  branch optionally scaled by LayerScale (``layer_scale_init``).
+  """Transformer block of the :class:`BlockConfig` ``config``: pre-norm
+  x + MHSA(LN(x)); x + MLP(LN(x)), each branch optionally scaled by
+  LayerScale (``layer_scale_init``); with ``post_norm`` the norm closes
+  each branch instead, x + LN(MHSA(x)); x + LN(MLP(x)) (timm's
+  ``ResPostBlock``, Swin v2's res-post-norm).
 
   Returns ``(output, output)`` so the same module runs under ``nn.scan``.
   ``drop_path_rate`` is this block's stochastic-depth rate (a float, or a
   traced scalar under ``nn.scan``); ``rope``: the (sin, cos) rotary tables
-  of ``rope_kind`` for the token grid, shared by every block; ``mask``
+  of ``config.rope`` for the token grid, shared by every block; ``mask``
   (B, T) bool: the tokens attention may read (a NaFlex batch's padding is
-  not). The norms are
-  ``LayerNorm_0`` / ``LayerNorm_1`` whatever their kind (an RMSNorm has a
-  ``scale`` and no ``bias``).
+  not). The norms are ``LayerNorm_0`` / ``LayerNorm_1`` whatever their
+  kind (an RMSNorm has a ``scale`` and no ``bias``) or place.
   """
 
-  mlp_dim: int
-  num_heads: int
-  dtype: Dtype = jnp.float32
-  param_dtype: Dtype = jnp.float32
-  dropout_rate: float = 0.0
-  attention_dropout_rate: float = 0.0
+  config: BlockConfig = BlockConfig()
   use_drop_path: bool = False
   deterministic: bool = True
-  sow_attention_weights: bool = False
-  attention_impl: Optional[str] = None
-  layer_scale_init: Optional[float] = None
-  layer_norm_eps: float = LN_EPS
-  act: str = "gelu"
-  qkv_bias: bool = True
-  key_bias: bool = True
-  proj_bias: bool = True
-  qk_norm: bool = False
-  attn_norm: bool = False
-  norm_type: str = "layer"
-  gated_mlp: Optional[str] = None
-  mlp_norm: bool = False
-  rope_kind: Optional[str] = None
 
   @nn.compact
   def __call__(self, inputs, drop_path_rate=0.0, rope=None, mask=None):
-    norm = norm_layer(self.norm_type, self.layer_norm_eps, self.dtype,
-                      self.param_dtype)
+    cfg = self.config
+    norm = cfg.norm()
     drop_path = (
         lambda y: _drop_path(self, y, drop_path_rate, self.deterministic)
     ) if self.use_drop_path else (lambda y: y)
     scale = (
-        lambda y: LayerScale(self.layer_scale_init, self.param_dtype)(y)
-    ) if self.layer_scale_init is not None else (lambda y: y)
+        lambda y: LayerScale(cfg.layer_scale_init, cfg.param_dtype)(y)
+    ) if cfg.layer_scale_init is not None else (lambda y: y)
+    # Pre-norm: the norm opens each branch; post-norm: it closes it.
+    if cfg.post_norm:
+      pre = lambda name, y: y  # noqa: E731
+      post = lambda name, y: norm(name=name)(y)  # noqa: E731
+    else:
+      pre = lambda name, y: norm(name=name)(y)  # noqa: E731
+      post = lambda name, y: y  # noqa: E731
 
-    x = norm(name="LayerNorm_0")(inputs)
+    x = pre("LayerNorm_0", inputs)
     x = MultiHeadDotProductAttention(
-        num_heads=self.num_heads, dtype=self.dtype,
-        param_dtype=self.param_dtype,
-        dropout_rate=self.attention_dropout_rate,
-        deterministic=self.deterministic,
-        sow_weights=self.sow_attention_weights,
-        attention_impl=self.attention_impl, qkv_bias=self.qkv_bias,
-        key_bias=self.key_bias, out_bias=self.proj_bias,
-        qk_norm=self.qk_norm, inner_norm=self.attn_norm,
-        norm_type=self.norm_type, layer_norm_eps=self.layer_norm_eps,
+        cfg, deterministic=self.deterministic,
         name="MultiHeadDotProductAttention_0")(
-            x, rope=None if rope is None else (*rope, self.rope_kind),
-            mask=mask)
-    x = nn.Dropout(self.dropout_rate)(x, deterministic=self.deterministic)
-    x = drop_path(scale(x)) + inputs
+            x, rope=None if rope is None else (*rope, cfg.rope), mask=mask)
+    x = nn.Dropout(cfg.dropout_rate)(x, deterministic=self.deterministic)
+    x = drop_path(scale(post("LayerNorm_0", x))) + inputs
 
-    y = norm(name="LayerNorm_1")(x)
-    y = MlpBlock(mlp_dim=self.mlp_dim, dtype=self.dtype,
-                 param_dtype=self.param_dtype, dropout_rate=self.dropout_rate,
-                 deterministic=self.deterministic, act=self.act,
-                 gated=self.gated_mlp, norm=self.mlp_norm,
-                 norm_type=self.norm_type, layer_norm_eps=self.layer_norm_eps,
-                 use_bias=self.proj_bias, name="MlpBlock_0")(y)
-    out = x + drop_path(scale(y))
+    y = pre("LayerNorm_1", x)
+    y = MlpBlock(cfg, deterministic=self.deterministic, name="MlpBlock_0")(y)
+    out = x + drop_path(scale(post("LayerNorm_1", y)))
     return out, out
 
 
 class MAPHead(nn.Module):
   """Multihead attention pooling (big_vision's ``MAPHead``, timm's
   ``attn_pool``): a learned ``probe`` token attends to all tokens, then a
-  residual MLP; returns the pooled (B, D) features. ``mask`` (B, N) bool:
+  residual MLP; returns the pooled (B, D) features. ``config``: its
+  attention's and MLP's :class:`BlockConfig` (heads, MLP width,
+  activation, epsilon; biases on, no extra norms). ``mask`` (B, N) bool:
   the tokens the probe may read (a NaFlex batch's padding is not)."""
 
-  num_heads: int
-  mlp_dim: int
-  dtype: Dtype = jnp.float32
-  param_dtype: Dtype = jnp.float32
-  layer_norm_eps: float = LN_EPS
-  act: str = "gelu"
-  attention_impl: Optional[str] = None
+  config: BlockConfig = BlockConfig()
 
   @nn.compact
   def __call__(self, x, mask=None):
+    cfg = self.config
     n, _, d = x.shape
     probe = self.param("probe", nn.initializers.xavier_uniform(), (1, 1, d),
-                       self.param_dtype)
-    probe = jnp.broadcast_to(probe.astype(self.dtype), (n, 1, d))
-    x = MultiHeadDotProductAttention(
-        num_heads=self.num_heads, dtype=self.dtype,
-        param_dtype=self.param_dtype,
-        attention_impl=self.attention_impl)(probe, x, mask=mask)
-    y = LayerNorm(epsilon=self.layer_norm_eps, dtype=self.dtype,
-                     param_dtype=self.param_dtype)(x)
-    x = x + MlpBlock(mlp_dim=self.mlp_dim, dtype=self.dtype,
-                     param_dtype=self.param_dtype, act=self.act)(y)
+                       cfg.param_dtype)
+    probe = jnp.broadcast_to(probe.astype(cfg.dtype), (n, 1, d))
+    x = MultiHeadDotProductAttention(cfg)(probe, x, mask=mask)
+    y = LayerNorm(epsilon=cfg.layer_norm_eps, dtype=cfg.dtype,
+                  param_dtype=cfg.param_dtype)(x)
+    x = x + MlpBlock(cfg)(y)
     return x[:, 0]
 
 
@@ -690,38 +694,19 @@ class Encoder(nn.Module):
   its padding out of every attention.
   """
 
+  block: BlockConfig
   num_layers: int
-  mlp_dim: int
-  num_heads: int
-  dropout_rate: float = 0.0
-  attention_dropout_rate: float = 0.0
   drop_path_rate: float = 0.0
-  dtype: Dtype = jnp.float32
-  param_dtype: Dtype = jnp.float32
   scan_layers: bool = False
   remat_policy: Optional[str] = None
-  sow_attention_weights: bool = False
-  attention_impl: Optional[str] = None
   no_embed_class: bool = False
   pre_norm: bool = False
   final_norm: bool = True
-  layer_scale_init: Optional[float] = None
-  layer_norm_eps: float = LN_EPS
-  act: str = "gelu"
-  qkv_bias: bool = True
   dynamic_img_size: bool = False
   base_grid: Optional[Tuple[int, int]] = None
   # The newer families' options (see VisionTransformer).
   abs_pos_embed: bool = True
   no_embed_registers: int = 0  # the last prefix tokens without a position
-  key_bias: bool = True
-  proj_bias: bool = True
-  qk_norm: bool = False
-  attn_norm: bool = False
-  norm_type: str = "layer"
-  gated_mlp: Optional[str] = None
-  mlp_norm: bool = False
-  rope: Optional[str] = None
   rope_temperature: Optional[float] = None
   rope_grid_offset: float = 0.0
   rope_grid_indexing: str = "ij"
@@ -733,12 +718,12 @@ class Encoder(nn.Module):
   naflex_grid: Tuple[int, int] = (16, 16)
 
   def _rope_tables(self, grid, num_prefix: int, hidden: int, train: bool):
-    if self.rope is None:
+    if self.block.rope is None:
       return None
     augment = dict(self.rope_augment or ())
     use_aug = train and any(v is not None for v in augment.values())
     sin, cos = rope_lib.sincos(
-        self.rope, grid, hidden // self.num_heads,
+        self.block.rope, grid, hidden // self.block.num_heads,
         num_prefix_tokens=num_prefix, temperature=self.rope_temperature,
         offset=self.rope_grid_offset, indexing=self.rope_grid_indexing,
         ref_grid=self.rope_ref_grid, augment=augment if use_aug else None,
@@ -764,12 +749,13 @@ class Encoder(nn.Module):
       covered = 0
       naflex_pos = naflex.NaFlexPositionEmbs(
           tuple(self.naflex_grid), self.naflex, self.naflex_square,
-          self.naflex_align_corners, self.param_dtype, name="posembed_input")
+          self.naflex_align_corners, self.block.param_dtype,
+          name="posembed_input")
       pos = lambda y: naflex_pos(y, grid=grid, coord=coord, valid=valid)  # noqa: E731
       if valid is not None:
         mask = naflex.key_mask(valid, num_prefix)
     elif self.abs_pos_embed:
-      pos = AddPositionEmbs(grid, covered, self.param_dtype,
+      pos = AddPositionEmbs(grid, covered, self.block.param_dtype,
                             dynamic=self.dynamic_img_size,
                             base_grid=self.base_grid, name="posembed_input")
     else:
@@ -785,9 +771,8 @@ class Encoder(nn.Module):
                               axis=1))
       x = jnp.concatenate([x[:, :covered], prefix[:, covered:].astype(x.dtype),
                            x[:, covered:]], axis=1)
-    x = nn.Dropout(self.dropout_rate)(x, deterministic=not train)
-    norm = norm_layer(self.norm_type, self.layer_norm_eps, self.dtype,
-                      self.param_dtype)
+    x = nn.Dropout(self.block.dropout_rate)(x, deterministic=not train)
+    norm = self.block.norm()
     if self.pre_norm:  # CLIP's ln_pre
       x = norm(name="pre_norm")(x)
     rope = self._rope_tables(grid, num_prefix, x.shape[-1], train)
@@ -798,20 +783,8 @@ class Encoder(nn.Module):
                            prevent_cse=not self.scan_layers)
     # Stochastic depth rate grows linearly from 0 (first block) to the rate.
     rates = np.linspace(0.0, self.drop_path_rate, self.num_layers)
-    kwargs = dict(
-        mlp_dim=self.mlp_dim, num_heads=self.num_heads, dtype=self.dtype,
-        param_dtype=self.param_dtype, dropout_rate=self.dropout_rate,
-        attention_dropout_rate=self.attention_dropout_rate,
-        use_drop_path=self.drop_path_rate > 0.0, deterministic=not train,
-        sow_attention_weights=self.sow_attention_weights,
-        attention_impl=self.attention_impl,
-        layer_scale_init=self.layer_scale_init,
-        layer_norm_eps=self.layer_norm_eps, act=self.act,
-        qkv_bias=self.qkv_bias, key_bias=self.key_bias,
-        proj_bias=self.proj_bias, qk_norm=self.qk_norm,
-        attn_norm=self.attn_norm, norm_type=self.norm_type,
-        gated_mlp=self.gated_mlp, mlp_norm=self.mlp_norm,
-        rope_kind=self.rope)
+    kwargs = dict(config=self.block, use_drop_path=self.drop_path_rate > 0.0,
+                  deterministic=not train)
 
     if self.scan_layers:
       args = (jnp.asarray(rates, jnp.float32),)

@@ -64,8 +64,8 @@ import numpy as np
 
 from vit_jax.models import naflex as naflex_lib, rope as rope_lib
 from vit_jax.models.layers import (  # noqa: F401  (re-exported building blocks)
-    LN_EPS, NORMS, AddPositionEmbs, Dense, Encoder, Encoder1DBlock, LayerNorm,
-    MAPHead, MlpBlock, MultiHeadDotProductAttention, PatchEmbed, RMSNorm,
+    LN_EPS, NORMS, AddPositionEmbs, BlockConfig, Dense, Encoder, Encoder1DBlock,
+    LayerNorm, MAPHead, MlpBlock, MultiHeadDotProductAttention, PatchEmbed, RMSNorm,
     activation, norm_layer)
 
 Array = Any
@@ -186,6 +186,9 @@ class VisionTransformer(nn.Module):
       ``act='silu'``) whose hidden width is ``mlp_dim``; see
       :class:`~vit_jax.models.layers.MlpBlock`.
     mlp_norm: a norm over the MLP's hidden layer (EVA-02 B/L).
+    post_norm: the blocks' norms close their residual branches instead of
+      opening them, x + LN(attn(x)); x + LN(mlp(x)) (timm's
+      ``ResPostBlock``: ``vit_base_patch16_rpn_224``); the same parameters.
     pool_include_prefix: ``'gap'`` / ``'map'`` pooling reads the prefix
       tokens too (timm's ``Eva`` feeds every token to its MAP head).
     map_heads, map_mlp_dim: the MAP head's heads and MLP width when they
@@ -264,6 +267,7 @@ class VisionTransformer(nn.Module):
   attn_norm: bool = False
   gated_mlp: Optional[str] = None
   mlp_norm: bool = False
+  post_norm: bool = False
   pool_include_prefix: bool = False
   map_heads: Optional[int] = None
   map_mlp_dim: Optional[int] = None
@@ -415,11 +419,11 @@ class VisionTransformer(nn.Module):
           "registers", nn.initializers.normal(stddev=1e-6),
           (1, self.num_registers, d), self.param_dtype)
     if self.classifier == "map":
-      self.MAPHead_0 = MAPHead(  # pylint: disable=invalid-name
+      self.MAPHead_0 = MAPHead(BlockConfig(  # pylint: disable=invalid-name
           num_heads=self.map_heads or self.num_heads,
           mlp_dim=self.map_mlp_dim or self.mlp_dim, dtype=self.dtype,
           param_dtype=self.param_dtype, layer_norm_eps=self.layer_norm_eps,
-          act=self.act, attention_impl=self.attention_impl)
+          act=self.act, attention_impl=self.attention_impl))
     if self.fc_norm and self.classifier != "unpooled":
       self.fc_norm_layer = norm(name="fc_norm")
     if self.representation_size and self.classifier != "unpooled":
@@ -443,37 +447,21 @@ class VisionTransformer(nn.Module):
     augment = tuple((k, getattr(self, f"rope_{k}")) for k in
                     ("shift", "jitter", "rescale")
                     if getattr(self, f"rope_{k}") is not None)
-    # Attribute name = submodule name, as in vision_transformer's tree.
-    self.Transformer = Encoder(  # pylint: disable=invalid-name
-        num_layers=self.num_layers, mlp_dim=self.mlp_dim,
-        num_heads=self.num_heads, dropout_rate=self.dropout_rate,
-        attention_dropout_rate=self.attention_dropout_rate,
-        drop_path_rate=self.drop_path_rate, dtype=self.dtype,
-        param_dtype=self.param_dtype, scan_layers=self.scan_layers,
-        remat_policy=self.remat_policy,
-        sow_attention_weights=self.sow_attention_weights,
-        attention_impl=self.attention_impl,
-        no_embed_class=self.no_embed_class, pre_norm=self.pre_norm,
+    # The encoder's fields are the model's of the same names, but for these;
+    # what the blocks share is one record (BlockConfig), built once.
+    own = dict(
+        block=BlockConfig.of(self),
         final_norm=self.final_norm and not self.fc_norm,
-        layer_scale_init=self.layer_scale_init,
-        layer_norm_eps=self.layer_norm_eps, act=self.act,
-        qkv_bias=self.qkv_bias, dynamic_img_size=self.dynamic_img_size,
-        base_grid=self.base_grid, abs_pos_embed=self.abs_pos_embed,
+        base_grid=self.base_grid,
         no_embed_registers=(self.num_registers if self.no_embed_registers
                             else 0),
-        key_bias=self.key_bias, proj_bias=self.proj_bias,
-        qk_norm=self.qk_norm, attn_norm=self.attn_norm,
-        norm_type=self.norm_type, gated_mlp=self.gated_mlp,
-        mlp_norm=self.mlp_norm, rope=self.rope,
-        rope_temperature=self.rope_temperature,
-        rope_grid_offset=self.rope_grid_offset,
-        rope_grid_indexing=self.rope_grid_indexing,
         rope_ref_grid=(None if self.rope_ref_grid is None
                        else pair(self.rope_ref_grid)),
-        rope_augment=augment or None, naflex=self.naflex,
-        naflex_square=self.naflex_square,
-        naflex_align_corners=self.naflex_align_corners,
-        naflex_grid=pair(self.naflex_grid))
+        rope_augment=augment or None, naflex_grid=pair(self.naflex_grid))
+    # Attribute name = submodule name, as in vision_transformer's tree.
+    self.Transformer = Encoder(  # pylint: disable=invalid-name
+        **{name: own[name] if name in own else getattr(self, name)
+           for name in _ENCODER_FIELDS})
 
   @property
   def base_grid(self) -> Optional[Tuple[int, int]]:
@@ -691,6 +679,11 @@ class VisionTransformer(nn.Module):
     logits (or the pooled features without a head)."""
     return self.forward_head(self.forward_features(images, train=train),
                              train=train)
+
+
+# Encoder's fields (each one of VisionTransformer's, or set in its setup).
+_ENCODER_FIELDS = tuple(f.name for f in dataclasses.fields(Encoder)
+                        if f.name not in ("parent", "name"))
 
 
 def feature_take_indices(num_blocks: int,
