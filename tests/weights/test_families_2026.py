@@ -1,7 +1,7 @@
 """The backbones of 2024-2026 against timm's own models (issue 21): DINOv3,
 EVA-02, Perception Encoder, AIMv2, DINOv2 giant (SwiGLU), distilled DeiT,
 C-RADIO and SigLIP so400m/14 at 384 (a size that is not a multiple of its
-patch). timm's models with random weights, every parameter perturbed
+patch); post-norm blocks (timm's ``*_rpn_*``, EVA-02-E). timm's models with random weights, every parameter perturbed
 (LayerScales near 1, biases and tokens off zero; the computed RoPE buffers
 left as timm defines them), against ours through ``formats.from_timm(
 state_dict, timm_name)`` at float32 highest precision: logits and
@@ -49,6 +49,11 @@ CASES = [
     ("vit_so400m_patch16_radio_v4", dict(embed_dim=192, num_heads=3), (4, 4)),
     # q/k normalisation (timm's qk_norm): the keys show it, no name needed.
     ("vit_small_patch16_224", dict(qk_norm=True), (4, 4)),
+    # Post-norm blocks, which only the name shows: timm's ResPostBlock
+    # (no class token, average pooling) and EVA-02-E's EvaBlockPostNorm.
+    ("vit_base_patch16_rpn_224", dict(embed_dim=192, num_heads=3), (4, 4)),
+    ("eva02_enormous_patch14_clip_224", dict(embed_dim=256, num_heads=4),
+     (3, 4)),
 ]
 IDS = [c[0] for c in CASES]
 

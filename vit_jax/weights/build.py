@@ -320,7 +320,7 @@ def from_state_dict(state_dict, name: Optional[str] = None, *,
   _refuse_unknown(table, sd, mapping.unmatched(table, sd))
   if layout == "timm" and name is None and "norm_pre.weight" in sd:
     raise ValueError(CLIP_NEEDS_A_NAME)
-  if layout in _NAME_DECIDES and not hints.get(_NAME_DECIDES[layout][0]):
+  if layout in _NAME_DECIDES and _NAME_DECIDES[layout][0] not in hints:
     _, needs, wrong = _NAME_DECIDES[layout]
     raise ValueError(needs if name is None else f"{name!r} {wrong}")
   heads = _heads(name, overrides.get("num_heads"), hints,

@@ -609,7 +609,7 @@ def detect(keys) -> Optional[str]:
 # width 64 up to ViT-L, then 16 heads).
 HEADS_FOR_WIDTH = {192: 3, 256: 4, 320: 5, 384: 6, 512: 8, 640: 10, 768: 12,
                    832: 13, 896: 14, 1024: 16, 1152: 16, 1280: 16, 1408: 16,
-                   1536: 16, 1664: 16}
+                   1536: 16, 1664: 16, 1792: 16}
 
 
 def heads_for_width(width: int) -> int:
@@ -632,7 +632,7 @@ TIMM_SIZES = {
     "so150m": (896, 18), "so150m2": (832, 21), "little": (320, 14),
     "wee": (256, 14), "giantopt": (1536, 40),
     "small_plus": (384, 12), "huge_plus": (1280, 32), "7b": (4096, 40),
-    "1b": (2048, 24), "3b": (3072, 24),
+    "1b": (2048, 24), "3b": (3072, 24), "enormous": (1792, 64),
 }
 _TIMM_NAME = re.compile(
     r"^(?P<family>vit_pe_(?:core|lang|spatial)|vit|naflexvit|deit3|deit|"
@@ -660,6 +660,8 @@ TIMM_FAMILIES = (
     (r"^vit_base_patch16_gap_224$", dict(num_heads=16)),
     (r"^vit_giant_patch14_(reg\d+_)?(dinov2|tipsv2)", dict(num_heads=24)),
     (r"^vit_base_patch(16|32)_plus", dict(num_heads=14)),
+    # timm's ResPostBlock: each branch's norm after it (res-post-norm).
+    (r"_rpn_", dict(post_norm=True)),
     # DINOv3 (timm's Eva): RoPE only, LayerNorm 1e-5, mean of the patches
     # (timm's default; upstream pools the class token: classifier='token').
     (r"_dinov3", dict(rope="dinov3", rope_temperature=100.0,
@@ -671,6 +673,9 @@ TIMM_FAMILIES = (
                       rope_ref_grid=(16, 16), layer_norm_eps=1e-6,
                       classifier="gap", no_embed_class=False)),
     (r"^eva02_.*_clip_", dict(classifier="token")),
+    # EVA-02-E (EVA-CLIP-18B's tower): post-norm blocks, no RoPE.
+    (r"^eva02_enormous", dict(post_norm=True, rope=None,
+                              rope_temperature=None, rope_ref_grid=None)),
     # Perception Encoder: RoPE (x first, positions from 1) on the name's
     # grid; core: a MAP head of 8 heads over every token.
     (r"^vit_pe_", dict(rope="cat", rope_temperature=10000.0,
@@ -777,7 +782,6 @@ TIMM_UNSUPPORTED = (
     (r"_sapiens2$", "Sapiens2 (grouped-query attention, attention-only "
                     "LayerScale)"),
     (r"_lingbot$", "LingBot-Vision"),
-    (r"^eva02_enormous", "EVA-02-E's post-norm blocks (use_post_norm)"),
     (r"^eva_giant", "EVA-01 (timm's eva_giant_*)"),
     (r"^naflexvit_.*_parfac_", "a factorized NaFlex position embedding "
                                "(timm's pos_embed='factorized')"),

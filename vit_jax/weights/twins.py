@@ -137,6 +137,11 @@ def _vit(model, image_size, distilled: bool):
   if m.classifier == "map" and (m.map_heads or m.map_mlp_dim):
     raise NoTwin("timm's VisionTransformer's MAP head has the encoder's heads "
                  "and MLP width.")
+  if m.post_norm:  # timm's ResPostBlock: no LayerScale (init_values
+    if m.layer_scale_init is not None:  # initialises its norms instead)
+      raise NoTwin("timm's post-norm block (ResPostBlock) has no LayerScale.")
+    from timm.models.vision_transformer import ResPostBlock  # pylint: disable=import-outside-toplevel
+    kw.update(block_fn=ResPostBlock, init_values=None)
   if distilled:
     return VisionTransformerDistilled(**kw)
   return VisionTransformer(**kw)
@@ -175,7 +180,7 @@ def _eva(model, image_size):
       use_pre_transformer_norm=m.pre_norm,
       use_post_transformer_norm=m.final_norm and not m.fc_norm,
       use_fc_norm=m.fc_norm, global_pool=_pool(m),
-      num_classes=m.num_classes or 0)
+      use_post_norm=m.post_norm, num_classes=m.num_classes or 0)
   if m.gated_mlp == "split" and not m.mlp_norm:
     kw["swiglu_align_to"] = 1  # the split SwiGLU without a norm (DINOv3 S+)
   if m.classifier == "map":
