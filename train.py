@@ -175,15 +175,16 @@ def main(argv):
   if not flags.FLAGS["verbosity"].present:  # Orbax logs every save at INFO
     logging.set_verbosity(logging.WARNING)
   from vit_jax.train import checkpoint  # pylint: disable=import-outside-toplevel
-  from vit_jax.data import sources  # pylint: disable=import-outside-toplevel
+  from vit_jax.data import synthetic  # pylint: disable=import-outside-toplevel
 
+  # (A dataset that is not prepared raises a FileNotFoundError.)
   user_errors = (ValueError, FileNotFoundError, FloatingPointError,
-                 sources.DatasetNotPreparedError,
                  checkpoint.CheckpointSaveError)
   try:
     _init_distributed()
-    import tensorflow as tf  # pylint: disable=import-outside-toplevel
-    tf.config.set_visible_devices([], "GPU")  # tf.data only; JAX owns GPUs
+    if not synthetic.is_synthetic(_CONFIG.value):  # synthetic: no TensorFlow
+      import tensorflow as tf  # pylint: disable=import-outside-toplevel
+      tf.config.set_visible_devices([], "GPU")  # tf.data only; JAX owns GPUs
     from vit_jax.train import loop as train_loop  # pylint: disable=import-outside-toplevel
     train_loop.train_and_evaluate(_CONFIG.value, _WORKDIR.value)
   except user_errors as e:

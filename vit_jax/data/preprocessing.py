@@ -243,3 +243,24 @@ def default_for(crop: Optional[int], kind: str) -> Preprocessing:
   for torchvision layouts, Google's for everything else."""
   crop = int(crop or 224)
   return torchvision_classic(crop) if kind == "torchvision" else google(crop)
+
+
+def run_normalization(config, init_preprocessing=None):
+  """A training run's (mean, std) in [0, 1] pixel units: the config's
+  (``config.pp.mean`` / ``std``), else the initial weights' (torchvision:
+  ImageNet statistics), else 0.5 / 0.5."""
+  if init_preprocessing is not None:
+    mean, std = tuple(init_preprocessing.mean), tuple(init_preprocessing.std)
+  else:
+    mean, std = HALF, HALF
+  if config.pp.mean is not None:
+    mean = tuple(config.pp.mean)
+  if config.pp.std is not None:
+    std = tuple(config.pp.std)
+  for what, v in (("mean", mean), ("std", std)):
+    if len(v) != 3 or not all(0.0 <= float(x) <= 1.0 for x in v):
+      raise ValueError(f"config.pp.{what}={v}: expected 3 floats in [0, 1] "
+                       f"(per-channel, in [0, 1]-scaled pixel units).")
+  if min(std) <= 0:
+    raise ValueError(f"config.pp.std={std}: must be positive.")
+  return tuple(float(x) for x in mean), tuple(float(x) for x in std)

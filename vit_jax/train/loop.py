@@ -34,7 +34,7 @@ from typing import Any, Dict, Optional, Sequence
 import jax
 
 from vit_jax.train import (checkpoint, host_memory, metrics, multihost, optim, sharding, init as train_init, step as train_step)
-from vit_jax.data import batches, sources
+from vit_jax.data import preprocessing, synthetic
 from vit_jax.models import kernels
 
 
@@ -148,7 +148,14 @@ def train_and_evaluate(config, workdir: str, *,
   ckpt_dir = os.path.join(workdir, "checkpoints")
 
   # ---- Input: the dataset's metadata (each process reads its own slice).
-  src = sources.get_source(config)
+  # tf.data for real datasets; the synthetic one is made on the devices
+  # and imports no TensorFlow.
+  if synthetic.is_synthetic(config):
+    batches = None
+    src = synthetic.get_source(config)
+  else:
+    from vit_jax.data import batches, sources  # pylint: disable=import-outside-toplevel
+    src = sources.get_source(config)
 
   # ---- Model, optimizer, the train state's shape and shardings.
   init = train_init.load_initial_weights(config)  # None: from scratch
@@ -197,7 +204,7 @@ def train_and_evaluate(config, workdir: str, *,
     start = int(latest)
   else:
     host_vars = train_init.initial_variables(config, init, abstract)
-    mean, std = batches.normalization(
+    mean, std = preprocessing.run_normalization(
         config, init.preprocessing if init else None)
     start = 0
   # The steps normalise the uint8 batches with the run's (mean, std).
@@ -240,15 +247,21 @@ def train_and_evaluate(config, workdir: str, *,
   # normalise them on the devices), double-buffered.
   # NaFlex: each step's length drawn from (seed, step), one compilation per
   # length; evaluation at the longest.
-  train_ds = batches.train_dataset(
-      config, src, local_batch=int(config.batch_size) // pcount,
-      start_step=start, process_index=pidx, process_count=pcount,
-      naflex=(model.patch_size, tuple(naflex_lens)) if naflex_lens else None)
-  eval_ds, _ = batches.eval_dataset(
-      config, src, local_batch=int(config.eval_batch_size) // pcount,
-      process_index=pidx, process_count=pcount,
-      naflex=(model.patch_size, max(naflex_lens)) if naflex_lens else None)
-  train_batches = batches.start_global(train_ds, data_sh)
+  if batches is None:  # synthetic: made on the devices, from (seed, step)
+    train_batches = synthetic.train_batches(config, src, data_sh,
+                                            start_step=start)
+    eval_batches = lambda: synthetic.eval_batches(config, src, data_sh)  # noqa: E731
+  else:
+    train_ds = batches.train_dataset(
+        config, src, local_batch=int(config.batch_size) // pcount,
+        start_step=start, process_index=pidx, process_count=pcount,
+        naflex=(model.patch_size, tuple(naflex_lens)) if naflex_lens else None)
+    eval_ds, _ = batches.eval_dataset(
+        config, src, local_batch=int(config.eval_batch_size) // pcount,
+        process_index=pidx, process_count=pcount,
+        naflex=(model.patch_size, max(naflex_lens)) if naflex_lens else None)
+    train_batches = batches.start_global(train_ds, data_sh)
+    eval_batches = lambda: batches.start_global(eval_ds, data_sh)  # noqa: E731
 
   # ---- The loop.
   last_train: Dict[str, float] = {}
@@ -279,7 +292,7 @@ def train_and_evaluate(config, workdir: str, *,
     t0 = time.perf_counter()
     with waits.waiting("the evaluation's all-reduce", step):
       s = train_step.evaluate(fns.eval_step, state.params, state.batch_stats,
-                              batches.start_global(eval_ds, data_sh))
+                              eval_batches())
     if int(round(s["count"])) != src.num_eval:
       raise RuntimeError(f"Evaluation counted {s['count']} examples, the "
                          f"split has {src.num_eval}.")

@@ -10,6 +10,7 @@ writes; other processes get a writer that does nothing.
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import math
 import os
@@ -54,6 +55,13 @@ def read_metrics(workdir: str) -> List[Dict[str, Any]]:
   return rows
 
 
+def _have_tensorflow() -> bool:
+  try:
+    return importlib.util.find_spec("tensorflow") is not None
+  except ValueError:  # sys.modules["tensorflow"] = None: blocked
+    return False
+
+
 class MetricsWriter:
   """Appends rows to metrics.jsonl and TensorBoard; prints progress lines."""
 
@@ -65,7 +73,10 @@ class MetricsWriter:
     self._tb = None
     if enabled:
       os.makedirs(workdir, exist_ok=True)
-      if tensorboard:
+      if tensorboard and not _have_tensorflow():
+        print("note: TensorFlow is not installed: no TensorBoard events "
+              "(metrics.jsonl and the plots are written).", file=self.stream)
+      elif tensorboard:
         import tensorflow as tf  # pylint: disable=import-outside-toplevel
         self._tb = tf.summary.create_file_writer(workdir)
 
