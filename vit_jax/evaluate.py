@@ -61,9 +61,11 @@ def eval_source(loaded: weights.Loaded, dataset: Optional[str] = None,
     raise ValueError("Which dataset? Pass --dataset (dataset=), e.g. "
                      "'imagenet2012' with split 'validation', or "
                      "'folder:/path/to/images'.")
-  if needs_head and not loaded.num_classes:
-    raise ValueError(f"{loaded.description}: no classification head to "
-                     f"evaluate.")
+  if needs_head and (loaded.head != "classes" or not loaded.num_classes):
+    raise ValueError(f"{loaded.description}: {loaded.head_summary()}, so "
+                     f"there is no class accuracy to evaluate. Its "
+                     f"embeddings' k-NN and linear-probe accuracy: python -m "
+                     f"vit_jax.features, then python -m vit_jax.probe.")
   config = _eval_config(dataset, split, data_dir, download, loaded)
   return config, sources.get_source(config)
 

@@ -218,7 +218,8 @@ def test_probe_errors(tmp_path):
     probe.read(str(tmp_path / "missing.npz"))
 
 
-def test_dinov3_features_probe_and_pca_picture(data_dir, tmp_path, capsys):
+def test_dinov3_features_probe_and_pca_picture(data_dir, tmp_path, capsys,
+                                               monkeypatch):
   """DINOv3 (RoPE, registers, no position embedding) from timm's weights
   through the features CLI (pooled features and a block's patch grid),
   the k-NN / linear probe CLI and the feature-PCA picture at a high,
@@ -261,7 +262,15 @@ def test_dinov3_features_probe_and_pca_picture(data_dir, tmp_path, capsys):
   Image.fromarray(np.random.default_rng(0).integers(
       0, 256, (40, 60, 3), np.uint8)).save(tmp_path / "a.png")
   out = str(tmp_path / "pictures")
+  titles = []
+  save = visualize._save  # pylint: disable=protected-access
+  monkeypatch.setattr(visualize, "_save", lambda fig, path, title=None: (
+      titles.append(title), save(fig, path, title))[1])
   assert visualize.main(["--checkpoint", ckpt, "--out", out, "--pca",
                          "--pca_size", "64", str(tmp_path / "a.png")]) == 0
   names = set(os.listdir(out))
   assert "a_feature_pca.png" in names and "posemb_similarity.png" not in names
+  # A backbone (no head): no class in the pictures' titles.
+  assert len(titles) == 3 and not any(
+      "predicted" in (t or "") or "'class " in (t or "")
+      for t in titles), titles

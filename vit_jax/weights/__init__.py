@@ -104,6 +104,16 @@ class Loaded:
   def image_size(self) -> int:
     return int(self.preprocessing.crop_size)
 
+  def head_summary(self) -> str:
+    """What the model's output is, in words (for messages)."""
+    if self.head == "embedding":
+      return (f"its head is a {self.embedding_dim}-d image embedding (CLIP's "
+              f"projection into the image-text space), not class scores")
+    if not self.num_classes:
+      return ("it has no classification head (a backbone: its output is "
+              "its pooled features, not class scores)")
+    return f"its head gives scores of {self.num_classes} classes"
+
   def label(self, index: int) -> str:
     if self.label_names is not None:
       return self.label_names[index]
