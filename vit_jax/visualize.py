@@ -341,4 +341,5 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
 
 
 if __name__ == "__main__":
+  console.one_line_warnings()
   sys.exit(main())
