@@ -16,6 +16,11 @@ frozen features:
   strength ``C`` is chosen on a stratified 20% of the training set held
   out, then the probe is refit on all of it (CLIP's protocol). Full-batch:
   meant for up to ~10^5 examples; for ImageNet-scale sets use k-NN.
+
+Both files need labels (an unlabelled folder's rows, label -1, are
+refused). Where they name their classes differently (two folders labelled
+by their own ``<label>/`` subdirectories, one lacking a class), the test
+labels are matched to the training ones by name (:func:`align_labels`).
 """
 
 from __future__ import annotations

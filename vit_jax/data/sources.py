@@ -85,10 +85,6 @@ class ImageFiles:
     else:
       self.labels = np.full((len(self.paths),), -1, np.int64)
 
-  @property
-  def splits(self) -> List[str]:
-    return [ALL_SPLIT]
-
   def as_dataset(self, split: str = ALL_SPLIT, **unused) -> tf.data.Dataset:
     del unused  # shuffle_files, decoders, read_config: the order is fixed
     if split != ALL_SPLIT:
@@ -107,10 +103,11 @@ class ImageFiles:
 
 def _image_files(root: str) -> List[str]:
   """Every image file under ``root`` (hidden files and directories left
-  out), sorted; a clear error for image files the pipeline cannot decode
-  or a folder without images."""
+  out; linked directories followed, as tfds' ImageFolder does), sorted; a
+  clear error for image files the pipeline cannot decode or a folder
+  without images."""
   found, unreadable = [], []
-  for dirpath, dirnames, filenames in os.walk(root):
+  for dirpath, dirnames, filenames in os.walk(root, followlinks=True):
     dirnames[:] = sorted(d for d in dirnames if not d.startswith("."))
     for f in filenames:
       ext = os.path.splitext(f)[1].lower()
