@@ -60,7 +60,7 @@ def eval_source(loaded: weights.Loaded, dataset: Optional[str] = None,
     raise ValueError("Which dataset? Pass --dataset (dataset=), e.g. "
                      "'imagenet2012' with split 'validation', or "
                      "'folder:/path/to/images'.")
-  if needs_head and (loaded.head != "classes" or not loaded.num_classes):
+  if needs_head and not loaded.num_classes:  # a backbone, or an embedding
     raise ValueError(f"{loaded.description}: {loaded.head_summary()}, so "
                      f"there is no class accuracy to evaluate. Its "
                      f"embeddings' k-NN and linear-probe accuracy: python -m "

@@ -82,7 +82,7 @@ def predict(checkpoint: Union[str, weights.Loaded],
   loaded = (checkpoint if isinstance(checkpoint, weights.Loaded) else
             weights.load(checkpoint, model_name=model_name,
                            image_size=image_size, label_file=label_file))
-  if loaded.head != "classes" or not loaded.num_classes:
+  if not loaded.num_classes:  # a backbone, or an embedding head
     raise weights.CheckpointError(
         f"{loaded.description}: {loaded.head_summary()}, so there is no "
         f"class to predict. Image embeddings: python -m vit_jax.features "

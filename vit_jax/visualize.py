@@ -200,7 +200,7 @@ def _prediction(loaded: weights.Loaded, logits) -> str:
   outputs are no classes."""
   import jax  # pylint: disable=import-outside-toplevel
 
-  if loaded.head != "classes" or not loaded.num_classes:
+  if not loaded.num_classes:  # a backbone, or an embedding head
     return ""
   probs = np.asarray(jax.nn.softmax(np.asarray(logits, np.float32),
                                     axis=-1))[0]
