@@ -186,7 +186,18 @@ def main(argv):
       import tensorflow as tf  # pylint: disable=import-outside-toplevel
       tf.config.set_visible_devices([], "GPU")  # tf.data only; JAX owns GPUs
     from vit_jax.train import loop as train_loop  # pylint: disable=import-outside-toplevel
-    train_loop.train_and_evaluate(_CONFIG.value, _WORKDIR.value)
+    result = train_loop.train_and_evaluate(_CONFIG.value, _WORKDIR.value)
+  except KeyboardInterrupt:
+    # A second Ctrl-C (the first asks for a checkpoint after the step), or
+    # one before the loop: one line, no traceback. A save in flight is left
+    # as Orbax's temporary directory, which the next run removes.
+    from vit_jax.train import loop as train_loop  # pylint: disable=import-outside-toplevel
+    hint = train_loop.resume_hint(os.path.join(os.path.abspath(
+        _WORKDIR.value), "checkpoints"))
+    sys.stdout.flush()
+    print(f"\ntrain.py: stopped by Ctrl-C. {hint}", file=sys.stderr,
+          flush=True)
+    os._exit(130)  # pylint: disable=protected-access
   except user_errors as e:
     if _TRACEBACK.value:
       traceback.print_exc()
@@ -200,9 +211,13 @@ def main(argv):
       sys.stdout.flush()
       os._exit(1)  # pylint: disable=protected-access
     sys.exit(1)
+  if result.get("stopped_by") == "Ctrl-C":
+    sys.exit(130)  # stopped by the user, with a checkpoint
 
 
 if __name__ == "__main__":
-  multihost.install_sigterm_handler()  # a notice during start-up counts too
+  # A notice (or a first Ctrl-C) during start-up counts too.
+  multihost.install_sigterm_handler(ctrl_c=True)
   console.quiet_native_logs()
+  console.one_line_warnings()
   app.run(main, flags_parser=_parse_flags)

@@ -1,9 +1,9 @@
 r"""python train.py --config configs/digits.py --workdir /tmp/digits
 
-Expected: about 98.5% test accuracy (measured 98.33-98.61%, i.e. 353-354 of
-the 359 test digits, over seeds 0, 1, 2; 98.61% for the default seed) in
-about 2 minutes on 2 CPU cores (1m43s wall measured on a shared machine at
-load ~3; up to 3.5 minutes when it was busier).
+Expected: about 98.5% test accuracy (measured 98.05-98.89%, i.e. 352-355 of
+the 359 test digits: 98.33-98.61% over seeds 0, 1, 2 on earlier code;
+with the default seed 98.61% and 98.89% on AMD EPYC, 98.05% on an Intel
+Xeon) in 2 to 6 minutes on 2 CPU cores, depending on the machine's load.
 
 A small ViT trained from scratch on scikit-learn's handwritten digits: the
 offline default, no download. The data (1,797 real 8x8 grey-scale images)

@@ -21,8 +21,11 @@ from vit_jax.data.console import Parser
 # (vit_jax.weights.CheckpointError is a ValueError).
 USER_ERRORS = (FileNotFoundError, ValueError)
 SUPPORTED = (
-    "a training workdir, a .pth / .npz / .safetensors file, a Hugging Face "
-    "model directory, hf-hub:org/name, or torchvision:WEIGHTS")
+    "a pretrained name (timm's architecture.tag, e.g. "
+    "vit_small_patch14_reg4_dinov2.lvd142m, downloaded once; "
+    "vit_jax.list_models(pretrained=True) lists them), a training workdir, "
+    "a .pth / .npz / .safetensors file, a Hugging Face model directory, "
+    "hf-hub:org/name, or torchvision:WEIGHTS")
 
 
 def parser(prog: str, description: str) -> Parser:
@@ -56,8 +59,9 @@ def add_dataset(ap: argparse.ArgumentParser, *, batch_size: int = 256,
   """``--dataset``, ``--split``, ``--data-dir``, ``--batch-size``,
   ``--no-download``."""
   ap.add_argument("--dataset", default=None,
-                  help="tfds name or folder:/path/to/images (default: the "
-                       "training run's)")
+                  help="tfds name, or folder:DIR: a DIR/<split>/<label>/ "
+                       "tree, or any folder of images, read whole (labels: "
+                       "DIR/<label>/) (default: the training run's)")
   ap.add_argument("--split", default=None,
                   help=f"{what} (default: the run's eval split), e.g. test, "
                        f"validation, 'train[:10%%]'")

@@ -54,18 +54,25 @@ def eval_source(loaded: weights.Loaded, dataset: Optional[str] = None,
 
   run = loaded.info.get("config") or {}  # a training run's config
   dataset = dataset or run.get("dataset")
-  split = split or run.get("eval_split") or "test"
   if data_dir is None:
     data_dir = run.get("data_dir")
   if not dataset:
     raise ValueError("Which dataset? Pass --dataset (dataset=), e.g. "
                      "'imagenet2012' with split 'validation', or "
                      "'folder:/path/to/images'.")
-  if needs_head and not loaded.num_classes:
-    raise ValueError(f"{loaded.description}: no classification head to "
-                     f"evaluate.")
+  if needs_head and not loaded.num_classes:  # a backbone, or an embedding
+    raise ValueError(f"{loaded.description}: {loaded.head_summary()}, so "
+                     f"there is no class accuracy to evaluate. Its "
+                     f"embeddings' k-NN and linear-probe accuracy: python -m "
+                     f"vit_jax.features, then python -m vit_jax.probe.")
+  flags = ("--data-dir", "--no-download was given")
+  builder = sources.get_builder(dataset, data_dir, download, flags)
+  if isinstance(builder, sources.ImageFiles):  # one split: all of it
+    split = split or sources.ALL_SPLIT
+  else:
+    split = split or run.get("eval_split") or "test"
   config = _eval_config(dataset, split, data_dir, download, loaded)
-  return config, sources.get_source(config)
+  return config, sources.get_source(config, builder)
 
 
 def evaluate(checkpoint: Union[str, weights.Loaded], *,
@@ -94,6 +101,12 @@ def evaluate(checkpoint: Union[str, weights.Loaded], *,
                             needs_head=True)
   dataset, split = config.dataset, config.eval_split
   num_classes = loaded.num_classes
+  if not src.num_classes:
+    raise ValueError(
+        f"{dataset!r} has no labels (a folder's images are labelled by "
+        f"their subdirectories: DIR/<label>/ or DIR/<split>/<label>/), so "
+        f"there is nothing to score; its embeddings: python -m "
+        f"vit_jax.features.")
   if src.num_classes != num_classes:
     raise ValueError(
         f"The model has {num_classes} classes but {dataset!r} has "
@@ -158,4 +171,5 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
 
 
 if __name__ == "__main__":
+  console.one_line_warnings()
   sys.exit(main())

@@ -1,4 +1,5 @@
-r"""Embeddings (and patch grids) of every example of a dataset split, to .npz.
+r"""Embeddings (and patch grids) of every example of a dataset split, or of
+every image in a folder, to .npz.
 
     python -m vit_jax.features --checkpoint runs/digits --split train \
         --out runs/digits/feats_train.npz
@@ -6,11 +7,18 @@ r"""Embeddings (and patch grids) of every example of a dataset split, to .npz.
         --out runs/digits/feats_test.npz
     python -m vit_jax.probe --train runs/digits/feats_train.npz \
         --test runs/digits/feats_test.npz              # k-NN + linear probe
+    python -m vit_jax.features --checkpoint vit_small_patch14_reg4_dinov2.lvd142m \
+        --dataset folder:~/photos --out photos.npz     # any folder of images
 
 Any checkpoint :func:`vit_jax.weights.load` accepts (``--patch-size`` and
 ``--image-size`` as there); ``--dataset`` is a tfds name or
-``folder:/path`` (``<dir>/<split>/<label>/*.jpg``), default the run's. The
-data goes through the evaluation pipeline
+``folder:DIR``, default the run's. A folder is a ``DIR/<split>/<label>/``
+tree (every image two levels down; ``--split`` picks one), or any other
+folder of images, flat or nested, read whole (sorted by path; no
+``--split``), labelled by its first-level subdirectories when every image
+is in one (``DIR/<label>/*.jpg``), else unlabelled (label -1)
+(:mod:`vit_jax.data.sources`). The data goes through the evaluation
+pipeline
 (:func:`vit_jax.data.batches.eval_dataset`: resize, center crop, the
 weights' mean/std; the last batch padded with ``mask == 0`` examples, which
 are dropped), batched over all devices (a ``('data',)`` mesh; each process
@@ -22,8 +30,11 @@ its recipe's token budget (``max_seq_len`` patches), one sequence length.
 The ``.npz`` holds ``embeddings`` (N, D) float32: the pooled features
 before the head (timm's ``forward_head(pre_logits=True)``: the class token
 after the final LayerNorm, or the mean / MAP pooling, ``fc_norm`` and
-``pre_logits`` where the model has them), ``labels`` (N,) int32,
-``label_names``, and with ``--patch-grids`` the patch tokens of one block
+``pre_logits`` where the model has them), ``labels`` (N,) int32 (-1: an
+unlabelled folder), ``label_names`` (where there are labels), ``paths``
+(N,) str: the file each embedding came from (image folders, and tfds
+datasets with a file-name feature), and with ``--patch-grids`` the patch
+tokens of one block
 (``--layer``, default the last) through the final LayerNorm as a (N, h, w,
 D) grid (:meth:`~vit_jax.models.VisionTransformer.forward_intermediates`;
 kept in memory: mind N * h * w * D). Rows are in the split's order (on
@@ -126,13 +137,13 @@ def extract(checkpoint: Union[str, weights.Loaded], *,
       process_index=jax.process_index(), process_count=n_proc,
       mean=tuple(pre.mean), std=tuple(pre.std),
       naflex=((model.patch_size, int(pre.max_seq_len)) if loaded.naflex
-              else None))
+              else None), with_paths=True)
   data_sh = train_lib.batch_sharding(mesh)
   variables = jax.device_put(loaded.variables,
                              NamedSharding(mesh, PartitionSpec()))
   fn = jax.jit(make_feature_fn(model, grid_layer))
 
-  out = {"embeddings": [], "labels": [], "patch_grids": []}
+  out = {"embeddings": [], "labels": [], "patch_grids": [], "paths": []}
   start = time.time()
   seen = 0
   for step, batch in enumerate(batches.as_numpy(ds), 1):
@@ -146,6 +157,8 @@ def extract(checkpoint: Union[str, weights.Loaded], *,
     out["embeddings"].append(np.asarray(
         multihost_utils.process_allgather(emb, tiled=True), np.float32)[keep])
     out["labels"].append(np.asarray(labels, np.int32)[keep])
+    if "path" in batch:
+      out["paths"].append(_gather_strings(batch["path"])[keep])
     if grid is not None:
       out["patch_grids"].append(np.asarray(
           multihost_utils.process_allgather(grid, tiled=True),
@@ -172,13 +185,36 @@ def extract(checkpoint: Union[str, weights.Loaded], *,
       "max_seq_len": np.array(int(pre.max_seq_len or 0)),
       "seconds": np.array(time.time() - start),
   }
-  names = src.label_names or loaded.label_names
+  if out["paths"]:
+    result["paths"] = np.concatenate(out["paths"])
+  if src.is_folder and not src.label_names:
+    names = None  # an unlabelled folder: its labels are -1, no classes
+  else:
+    names = src.label_names or loaded.label_names
   if names:
     result["label_names"] = np.array([str(n) for n in names])
   if out["patch_grids"]:
     result["patch_grids"] = np.concatenate(out["patch_grids"])
     result["layer"] = np.array(int(grid_layer))
   return result
+
+
+def _gather_strings(local) -> np.ndarray:
+  """This process's strings (bytes) -> every process's, in the global
+  batch's row order, as str: UTF-8 bytes padded to the longest, gathered
+  like the other columns (jax gathers numbers only)."""
+  from jax.experimental import multihost_utils  # pylint: disable=import-outside-toplevel
+
+  raw = [bytes(b) for b in np.asarray(local).reshape(-1)]
+  width = int(np.max(multihost_utils.process_allgather(
+      np.array([max([len(b) for b in raw] + [1])], np.int32))))
+  codes = np.zeros((len(raw), width + 1), np.uint8)  # +1: a final zero
+  for i, b in enumerate(raw):
+    codes[i, :len(b)] = np.frombuffer(b, np.uint8)
+  codes = np.asarray(multihost_utils.process_allgather(codes, tiled=True))
+  return np.array([bytes(row[:np.argmin(row)]).decode("utf-8",
+                                                      "surrogateescape")
+                   for row in codes])
 
 
 def save(path: str, arrays: Dict[str, np.ndarray]) -> str:
@@ -238,4 +274,6 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
 
 
 if __name__ == "__main__":
+  from vit_jax.data import console  # pylint: disable=ungrouped-imports
+  console.one_line_warnings()
   sys.exit(main())

@@ -82,17 +82,13 @@ def predict(checkpoint: Union[str, weights.Loaded],
   loaded = (checkpoint if isinstance(checkpoint, weights.Loaded) else
             weights.load(checkpoint, model_name=model_name,
                            image_size=image_size, label_file=label_file))
-  if loaded.head == "embedding":
+  if not loaded.num_classes:  # a backbone, or an embedding head
     raise weights.CheckpointError(
-        f"{loaded.description}: its head is a {loaded.embedding_dim}-d "
-        f"image embedding (CLIP's projection into the image-text space), "
-        f"not class scores, so there is nothing to predict. Image embeddings: "
-        f"python -m vit_jax.features; a classifier: fine-tune with train.py "
-        f"--config.init_weights=... (or load weights fine-tuned on classes).")
-  if not loaded.num_classes:
-    raise weights.CheckpointError(
-        f"{loaded.description}: the model has no classification head, so "
-        f"there is nothing to predict.")
+        f"{loaded.description}: {loaded.head_summary()}, so there is no "
+        f"class to predict. Image embeddings: python -m vit_jax.features "
+        f"(and vit_jax.visualize for its attention and feature PCA); a "
+        f"classifier: fine-tune with train.py --config.init_weights=... (or "
+        f"load weights fine-tuned on classes).")
   results, arrays, where = [], [], []
   for i, item in enumerate(images):
     name = (f"<array {i}>" if isinstance(item, np.ndarray) else os.fspath(item))
@@ -141,6 +137,11 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
   console.quiet_native_logs()
   args = _parser().parse_args(argv)
   images = image_files.expand_image_paths(args.images)
+  gone = image_files.missing(images)
+  if len(gone) == len(images):  # nothing to predict: no model loaded
+    for e in gone:
+      cli.error(e)
+    return 1
   failed = False
   for ckpt in args.checkpoint:
     try:
@@ -169,4 +170,5 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
 
 
 if __name__ == "__main__":
+  console.one_line_warnings()
   sys.exit(main())

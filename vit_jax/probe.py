@@ -16,13 +16,18 @@ frozen features:
   strength ``C`` is chosen on a stratified 20% of the training set held
   out, then the probe is refit on all of it (CLIP's protocol). Full-batch:
   meant for up to ~10^5 examples; for ImageNet-scale sets use k-NN.
+
+Both files need labels (an unlabelled folder's rows, label -1, are
+refused). Where they name their classes differently (two folders labelled
+by their own ``<label>/`` subdirectories, one lacking a class), the test
+labels are matched to the training ones by name (:func:`align_labels`).
 """
 
 from __future__ import annotations
 
 import json
 import sys
-from typing import Dict, Optional, Sequence, Tuple
+from typing import Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 
@@ -48,6 +53,45 @@ def read(path: str) -> Tuple[np.ndarray, np.ndarray]:
     raise ValueError(f"{path}: embeddings {x.shape} and labels {y.shape}: "
                      f"expected (N, D) and (N,)")
   return x, y.astype(np.int64)
+
+
+def read_label_names(path: str) -> Optional[List[str]]:
+  """The ``label_names`` of a features .npz, or None."""
+  with np.load(path, allow_pickle=False) as f:
+    return ([str(n) for n in f["label_names"]] if "label_names" in f.files
+            else None)
+
+
+def _labelled(path: str, y: np.ndarray) -> None:
+  n = int((y < 0).sum())
+  if n:
+    raise ValueError(
+        f"{path}: {n} of its {len(y)} embeddings have no label (-1: from a "
+        f"folder of images without label subdirectories). k-NN and the "
+        f"linear probe need labelled sets: folders laid out as "
+        f"DIR/<label>/<image> (or DIR/<split>/<label>/<image>).")
+
+
+def align_labels(train_names: Optional[Sequence[str]],
+                 test_names: Optional[Sequence[str]],
+                 test_y: np.ndarray) -> np.ndarray:
+  """``test_y`` as indices of ``train_names`` where the two files name
+  their classes differently (two folders labelled by their own
+  subdirectories: a class missing from one shifts the indices); a
+  ValueError for test classes the training set lacks."""
+  if not train_names or not test_names or list(train_names) == list(
+      test_names):
+    return test_y
+  index = {n: i for i, n in enumerate(train_names)}
+  used = sorted({test_names[i] for i in np.unique(test_y)})
+  lacking = [n for n in used if n not in index]
+  if lacking:
+    raise ValueError(
+        f"The test set has classes the training set lacks: {lacking[:10]}"
+        f"{' ...' if len(lacking) > 10 else ''}; no k-NN vote or linear "
+        f"probe can give them.")
+  table = np.array([index.get(n, -1) for n in test_names], np.int64)
+  return table[test_y]
 
 
 def _check(train_x, train_y, test_x, test_y):
@@ -125,6 +169,10 @@ def probe(train_path: str, test_path: str, ks: Sequence[int] = (20,),
   """Both evaluations on two features files; a JSON-able dict."""
   train_x, train_y = read(train_path)
   test_x, test_y = read(test_path)
+  _labelled(train_path, train_y)
+  _labelled(test_path, test_y)
+  test_y = align_labels(read_label_names(train_path),
+                        read_label_names(test_path), test_y)
   result = {"train": train_path, "test": test_path,
             "num_train": len(train_x), "num_test": len(test_x),
             "width": int(train_x.shape[1]),
@@ -180,4 +228,6 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
 
 
 if __name__ == "__main__":
+  from vit_jax.data import console  # pylint: disable=ungrouped-imports
+  console.one_line_warnings()
   sys.exit(main())

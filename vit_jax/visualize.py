@@ -194,6 +194,20 @@ def _display(x: np.ndarray, pre) -> np.ndarray:
   return np.clip(img, 0.0, 1.0)
 
 
+def _prediction(loaded: weights.Loaded, logits) -> str:
+  """``'; predicted 'cat' (91.0%)'`` for a model whose head gives class
+  scores; nothing for an embedding or a backbone (``loaded.head``), whose
+  outputs are no classes."""
+  import jax  # pylint: disable=import-outside-toplevel
+
+  if not loaded.num_classes:  # a backbone, or an embedding head
+    return ""
+  probs = np.asarray(jax.nn.softmax(np.asarray(logits, np.float32),
+                                    axis=-1))[0]
+  best = int(np.argmax(probs))
+  return f"; predicted {loaded.label(best)!r} ({100 * probs[best]:.1f}%)"
+
+
 def visualize(loaded: weights.Loaded, image_paths: Sequence[str],
               out_dir: str, *, layer: int = -1, interpolation: str = "nearest",
               posemb: bool = True, pca: bool = False,
@@ -203,9 +217,9 @@ def visualize(loaded: weights.Loaded, image_paths: Sequence[str],
   each image's feature-PCA picture at ``pca_size`` pixels on the short side
   (default: 32 patches). An unreadable image raises
   :class:`vit_jax.data.images.ImageError`, or, with ``on_error``, is passed
-  to it and the other images are still drawn."""
-  import jax  # pylint: disable=import-outside-toplevel
-
+  to it and the other images are still drawn. The titles name the
+  predicted class only for a model whose head gives classes (not for an
+  embedding head or a backbone)."""
   if loaded.naflex:
     raise weights.CheckpointError(
         f"{loaded.description}: visualize draws fixed-size models' attention "
@@ -240,9 +254,7 @@ def visualize(loaded: weights.Loaded, image_paths: Sequence[str],
       continue
     logits, w = run(loaded.variables, x)
     w = np.asarray(w, np.float32)[:, 0]  # (L, H, N, N)
-    probs = np.asarray(jax.nn.softmax(logits.astype("float32"), axis=-1))[0]
-    best = int(np.argmax(probs))
-    guess = f"predicted {loaded.label(best)!r} ({100 * probs[best]:.1f}%)"
+    guess = _prediction(loaded, logits)
     stem = os.path.splitext(os.path.basename(path))[0]
     img = _display(x[0], loaded.preprocessing)
     what = "class token attention" if prefix else "mean attention received"
@@ -250,12 +262,12 @@ def visualize(loaded: weights.Loaded, image_paths: Sequence[str],
         img, class_attention(w[layer], grid, prefix),
         os.path.join(out_dir, f"{stem}_attention_layer{layer}.png"),
         title=f"{os.path.basename(path)}: {what}, layer {layer} of "
-              f"{model.num_layers}; {guess}", interpolation=interpolation))
+              f"{model.num_layers}{guess}", interpolation=interpolation))
     written.append(plot_rollout(
         img, attention_rollout(w, grid, prefix),
         os.path.join(out_dir, f"{stem}_rollout.png"),
         title=f"{os.path.basename(path)}: rollout over {model.num_layers} "
-              f"layers; {guess}", interpolation=interpolation))
+              f"layers{guess}", interpolation=interpolation))
     if features is not None:
       big = pca_input(raw, loaded.preprocessing, pca_size, model.patch_size)
       feats = np.asarray(features(loaded.variables, big[None]), np.float32)
@@ -301,6 +313,12 @@ def _parser():
 def main(argv: Optional[Sequence[str]] = None) -> int:
   console.quiet_native_logs()
   args = _parser().parse_args(argv)
+  paths = image_files.expand_image_paths(args.images)
+  gone = image_files.missing(paths)
+  if paths and len(gone) == len(paths):  # nothing to draw: no model loaded
+    for e in gone:
+      cli.error(e)
+    return 1
   try:
     loaded = cli.load(args)
     cli.resolve_layer(args.layer, loaded.model.num_layers)
@@ -313,8 +331,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     cli.error(e)
     errors.append(e)
 
-  written = visualize(loaded, image_files.expand_image_paths(args.images),
-                      args.out, layer=args.layer,
+  written = visualize(loaded, paths, args.out, layer=args.layer,
                       interpolation=args.interpolation,
                       posemb=not args.no_posemb, pca=args.pca,
                       pca_size=args.pca_size, on_error=report)
@@ -324,4 +341,5 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
 
 
 if __name__ == "__main__":
+  console.one_line_warnings()
   sys.exit(main())

@@ -43,6 +43,9 @@ def test_every_tool_spells_its_options_with_dashes(tool):
   assert longs and not [s for s in longs if "_" in s], longs
   if tool not in ("probe",):
     assert {"--checkpoint", "--model", "--image-size"} <= set(longs)
+    help_text = " ".join(ap.format_help().split())
+    assert "a pretrained name" in help_text and (
+        "vit_small_patch14_reg4_dinov2.lvd142m" in help_text)
 
 
 def test_weights_cli_takes_both_spellings(tmp_path):

@@ -136,3 +136,22 @@ def test_a_library_asking_whether_tensorflow_exists_does_not_use_up_the_filter()
   assert p.returncode == 0, p.stderr
   assert "imported" in p.stderr
   assert not any(m in p.stderr for m in MARKERS), p.stderr
+
+
+def test_a_cli_prints_a_warning_as_one_line(tmp_path):
+  """A bare file's GuessWarning in a CLI: one line, `warning: <message>`,
+  not Python's `file.py:80: GuessWarning:` and a line of our source."""
+  import numpy as np  # pylint: disable=import-outside-toplevel
+  from PIL import Image  # pylint: disable=import-outside-toplevel
+  from vit_jax import formats, models  # pylint: disable=import-outside-toplevel
+  model = models.get_model("vit_ti_16", num_layers=1, num_classes=3)
+  variables = models.init_params(model, 32)
+  ckpt = str(tmp_path / "bare.safetensors")  # no preprocessing recorded
+  formats.save_safetensors(variables, ckpt, model=model)
+  Image.fromarray(np.zeros((32, 32, 3), np.uint8)).save(tmp_path / "x.png")
+  p = _run([PYTHON, "-m", "vit_jax.predict", "--checkpoint", ckpt,
+            str(tmp_path / "x.png")])
+  lines = p.stderr.splitlines()
+  said = [l for l in lines if "does not say how images must be prepared" in l]
+  assert len(said) == 1 and said[0].startswith(f"warning: {ckpt}: "), lines
+  assert not any(".py:" in l or "GuessWarning" in l for l in lines), lines

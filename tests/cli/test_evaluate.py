@@ -11,7 +11,7 @@ import torchvision
 
 from train_helpers import metric_rows
 from vit_jax import evaluate as evaluate_lib
-from vit_jax import inference
+from vit_jax import inference, weights
 
 NUM_TEST = 359  # examples in digits[test]
 
@@ -102,6 +102,9 @@ def test_errors(digits_run, tmp_path, capsys):
     evaluate_lib.evaluate(path, dataset="digits", data_dir=cfg.data_dir)
   with pytest.raises(ValueError, match="Which dataset"):
     evaluate_lib.evaluate(path)
+  backbone = weights.with_head(weights.load(workdir), 0)
+  with pytest.raises(ValueError, match="no classification head.*vit_jax.probe"):
+    evaluate_lib.evaluate(backbone)
   assert evaluate_lib.main(["--checkpoint", str(tmp_path / "none")]) == 1
   assert "no such file or directory" in capsys.readouterr().err
   assert evaluate_lib.main(["--checkpoint", workdir, "--split", "validation"]) == 1

@@ -10,6 +10,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+import tensorflow as tf
 import tensorflow_datasets as tfds
 
 from compare import perturb
@@ -153,6 +154,74 @@ def test_features_errors(ckpt, data_dir, tmp_path, capsys):
   assert "has splits" in capsys.readouterr().err
 
 
+def _save_images(root, names, seed=0):
+  from PIL import Image  # pylint: disable=import-outside-toplevel
+  rng = np.random.default_rng(seed)
+  for i, name in enumerate(names):
+    path = root / name
+    path.parent.mkdir(parents=True, exist_ok=True)
+    Image.fromarray(rng.integers(0, 256, (14 + 3 * i, 20, 3),
+                                 dtype=np.uint8)).save(path)
+
+
+def test_a_flat_folder_of_images(ckpt, tmp_path, capsys):
+  """features --dataset folder:DIR on a plain folder (and a subfolder):
+  every image once, with its path, its embedding equal to the model
+  applied to the eval transform of that file; no labels (-1)."""
+  root = tmp_path / "photos"
+  names = ["b.png", "a.jpg", "more/c.png", "d.gif", "e.webp"]
+  _save_images(root, names)
+  out = str(tmp_path / "photos.npz")
+  assert features.main(["--checkpoint", ckpt, "--dataset", f"folder:{root}",
+                        "--out", out, "--batch_size", "2"]) == 0
+  assert "5 embeddings of width 32" in capsys.readouterr().out
+  with np.load(out, allow_pickle=False) as f:
+    paths, emb, labels = list(f["paths"]), f["embeddings"], f["labels"]
+    assert "label_names" not in f.files and str(f["split"]) == "all"
+  assert paths == sorted(str(root / n) for n in names)
+  assert labels.tolist() == [-1] * 5
+  loaded = inference.load(ckpt)
+  pre, model = loaded.preprocessing, loaded.model
+  x = np.stack([np.asarray(transforms.preprocess_eval(
+      tf.io.read_file(p), image_size=pre.crop_size,
+      resize_size=pre.resize_size, mean=pre.mean, std=pre.std))
+                for p in paths])
+  tokens = model.apply(loaded.variables, x, method=model.forward_features)
+  want = model.apply(loaded.variables, tokens, method=model.forward_head,
+                     pre_logits=True)
+  np.testing.assert_allclose(emb, want, rtol=1e-5, atol=1e-5)
+  assert features.main(["--checkpoint", ckpt, "--dataset", f"folder:{root}",
+                        "--split", "test", "--out", out]) == 1
+  assert "without a <split>/<label>/ tree" in capsys.readouterr().err
+  assert probe.main(["--train", out, "--test", out]) == 1
+  assert "have no label (-1" in capsys.readouterr().err
+
+
+def test_labelled_folders_k_nn_and_probe(ckpt, tmp_path, capsys):
+  """DIR/<label>/ folders: labels from the subdirectories; a test folder
+  lacking one of the training classes is scored by class name."""
+  train, test = tmp_path / "train", tmp_path / "test"
+  _save_images(train, [f"{c}/{i}.png" for c in "abc" for i in range(4)])
+  _save_images(test, [f"{c}/{i}.png" for c in "bc" for i in range(2)], 1)
+  files = {}
+  for name, root in (("train", train), ("test", test)):
+    files[name] = str(tmp_path / f"{name}.npz")
+    assert features.main(["--checkpoint", ckpt, "--dataset",
+                          f"folder:{root}", "--out", files[name]]) == 0
+  with np.load(files["test"], allow_pickle=False) as f:
+    assert list(f["label_names"]) == ["b", "c"]
+    assert f["labels"].tolist() == [0, 0, 1, 1]
+  assert probe.align_labels(["a", "b", "c"], ["b", "c"],
+                            np.array([0, 0, 1, 1])).tolist() == [1, 1, 2, 2]
+  with pytest.raises(ValueError, match=r"lacks: \['z'\]"):
+    probe.align_labels(["a", "b"], ["a", "z"], np.array([0, 1]))
+  capsys.readouterr()
+  assert probe.main(["--train", files["train"], "--test", files["test"],
+                     "--knn_k", "3", "--json"]) == 0
+  r = json.loads(capsys.readouterr().out)
+  assert (r["num_train"], r["num_test"]) == (12, 4)
+
+
 # -------------------------------------------------------------- probes ---
 
 
@@ -218,7 +287,8 @@ def test_probe_errors(tmp_path):
     probe.read(str(tmp_path / "missing.npz"))
 
 
-def test_dinov3_features_probe_and_pca_picture(data_dir, tmp_path, capsys):
+def test_dinov3_features_probe_and_pca_picture(data_dir, tmp_path, capsys,
+                                               monkeypatch):
   """DINOv3 (RoPE, registers, no position embedding) from timm's weights
   through the features CLI (pooled features and a block's patch grid),
   the k-NN / linear probe CLI and the feature-PCA picture at a high,
@@ -261,7 +331,15 @@ def test_dinov3_features_probe_and_pca_picture(data_dir, tmp_path, capsys):
   Image.fromarray(np.random.default_rng(0).integers(
       0, 256, (40, 60, 3), np.uint8)).save(tmp_path / "a.png")
   out = str(tmp_path / "pictures")
+  titles = []
+  save = visualize._save  # pylint: disable=protected-access
+  monkeypatch.setattr(visualize, "_save", lambda fig, path, title=None: (
+      titles.append(title), save(fig, path, title))[1])
   assert visualize.main(["--checkpoint", ckpt, "--out", out, "--pca",
                          "--pca_size", "64", str(tmp_path / "a.png")]) == 0
   names = set(os.listdir(out))
   assert "a_feature_pca.png" in names and "posemb_similarity.png" not in names
+  # A backbone (no head): no class in the pictures' titles.
+  assert len(titles) == 3 and not any(
+      "predicted" in (t or "") or "'class " in (t or "")
+      for t in titles), titles

@@ -224,3 +224,25 @@ def test_orbax_training_checkpoint_uses_the_eval_pipeline(digits_run, tmp_path):
   assert inference.load(step_dir).info["step"] == 6
   with pytest.raises(inference.CheckpointError, match="not a vit_b_16"):
     inference.load(workdir, model_name="vit_b_16")
+
+
+def test_missing_images_are_reported_before_any_model_loads(files, tmp_path,
+                                                            capsys):
+  """No image exists: each is reported and no checkpoint is even opened
+  (its own error would say 'no such file or directory')."""
+  nothing = str(tmp_path / "no_such_checkpoint.pth")
+  assert predict_lib.main(["--checkpoint", nothing, files["missing.png"],
+                           str(tmp_path / "typo.jpg")]) == 1
+  err = capsys.readouterr().err
+  assert f"{files['missing.png']}: no such file" in err
+  assert "typo.jpg: no such file" in err
+  assert "no_such_checkpoint" not in err
+
+
+def test_a_backbone_or_an_embedding_has_no_class_to_predict(files):
+  from vit_jax import weights  # pylint: disable=import-outside-toplevel
+  loaded = weights.with_head(weights.load(files["tv.pth"]), 0)
+  assert loaded.head == "none"
+  with pytest.raises(weights.CheckpointError,
+                     match="no classification head.*vit_jax.features"):
+    predict_lib.predict(loaded, [np.zeros((32, 32, 3), np.uint8)])

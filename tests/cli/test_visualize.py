@@ -232,3 +232,39 @@ def test_register_model_without_embedded_prefix_is_drawn(tmp_path):
   assert vis.main(["--checkpoint", path, "--out", out, "--pca",
                    str(tmp_path / "z.png")]) == 0
   assert "posemb_similarity.png" in os.listdir(out)
+
+
+def _titles(monkeypatch):
+  """The titles visualize gives its pictures, as they are saved."""
+  seen = []
+  save = vis._save  # pylint: disable=protected-access
+
+  def recording(fig, path, title=None):
+    seen.append(title)
+    return save(fig, path, title)
+
+  monkeypatch.setattr(vis, "_save", recording)
+  return seen
+
+
+def test_titles_name_a_class_only_for_a_class_head(files, tmp_path,
+                                                    monkeypatch):
+  """A 10-class head: the titles say what it predicts; the same backbone
+  without a head (0 classes): attention, rollout and PCA pictures, and no
+  class in any title."""
+  titles = _titles(monkeypatch)
+  assert vis.main(["--checkpoint", files["npz"], "--out",
+                   str(tmp_path / "head"), "--no-posemb", files["a.png"]]) == 0
+  assert len(titles) == 2 and all("; predicted 'class " in t for t in titles)
+  model, variables = random_model(num_classes=0)
+  path = str(tmp_path / "backbone.safetensors")
+  formats.save_safetensors(variables, path, model=model)
+  del titles[:]
+  out = str(tmp_path / "backbone")
+  assert vis.main(["--checkpoint", path, "--out", out, "--pca",
+                   files["a.png"]]) == 0
+  assert {"a_attention_layer1.png", "a_rollout.png", "a_feature_pca.png",
+          "posemb_similarity.png"} == set(os.listdir(out))
+  assert len(titles) == 4
+  assert not any("predicted" in (t or "") or "'class " in (t or "")
+                 for t in titles), titles

@@ -155,6 +155,70 @@ def test_image_folder_dataset(tmp_path):
   assert n == 1 and sum(b["mask"].sum() for b in batches.as_numpy(ds)) == 3
 
 
+def _images(root, names, seed=0):
+  rng = np.random.RandomState(seed)
+  for i, name in enumerate(names):
+    path = root / name
+    path.parent.mkdir(parents=True, exist_ok=True)
+    Image.fromarray(rng.randint(0, 255, (12 + i, 20, 3), np.uint8)).save(path)
+
+
+def test_a_folder_of_images_is_read_whole(tmp_path):
+  """Flat or nested at mixed depths: every image once, sorted by path,
+  the one split 'all', unlabelled (-1); the eval batches carry each
+  example's path (padding: b'')."""
+  flat = tmp_path / "flat"
+  _images(flat, ["b.jpg", "a.png", "x/c.webp", "x/y/d.bmp", "e.gif"])
+  (flat / "notes.txt").write_text("not an image")
+  (flat / ".hidden.png").write_bytes(b"")
+  b = sources.get_builder(f"folder:{flat}")
+  assert isinstance(b, sources.ImageFiles) and b.label_names is None
+  assert [os.path.relpath(p, flat) for p in b.paths] == [
+      "a.png", "b.jpg", "e.gif", "x/c.webp", "x/y/d.bmp"]
+  cfg = tiny_config(dataset=f"folder:{flat}", train_split="all",
+                    eval_split="all")
+  s = sources.get_source(cfg)
+  assert (s.num_classes, s.label_names, s.num_eval) == (0, None, 5)
+  ds, n = batches.eval_dataset(cfg, s, local_batch=4, process_index=0,
+                               process_count=1, mean=MEAN, std=STD,
+                               with_paths=True)
+  rows = list(batches.as_numpy(ds))
+  assert n == 2 and rows[0]["image"].shape == (4, 8, 8, 3)
+  paths = [p.decode() for r in rows for p in r["path"]]
+  assert paths == b.paths + ["", "", ""]
+  assert [int(x) for r in rows for x in r["label"]][:5] == [-1] * 5
+  with pytest.raises(ValueError, match=r"config.train_split='train'.*"
+                     r"without a <split>/<label>/ tree.*leave the split out"):
+    sources.get_source(tiny_config(dataset=f"folder:{flat}"))
+
+
+def test_a_folder_of_label_folders_is_labelled(tmp_path):
+  """DIR/<label>/*: labels from the subdirectories (sorted); a split tree
+  with a stray image is read whole and the error says why it is not one."""
+  _images(tmp_path / "pets", ["dog/1.png", "cat/2.jpg", "cat/1.png"])
+  b = sources.get_builder(f"folder:{tmp_path / 'pets'}")
+  assert b.label_names == ["cat", "dog"]
+  assert [(os.path.basename(p), int(y)) for p, y in zip(b.paths, b.labels)
+          ] == [("1.png", 0), ("2.jpg", 0), ("1.png", 1)]
+  _images(tmp_path / "tree", ["train/cat/1.png", "test/dog/2.png",
+                              "stray.png"])
+  with pytest.raises(ValueError, match=r"1 image\(s\) are not two levels "
+                     r"down.*stray.png"):
+    sources.get_source(tiny_config(dataset=f"folder:{tmp_path / 'tree'}"))
+
+
+def test_folders_the_pipeline_cannot_read_are_refused(tmp_path):
+  _images(tmp_path / "tif", ["a.png", "b.tif"])
+  with pytest.raises(ValueError, match=r"cannot decode.*b.tif"):
+    sources.get_builder(f"folder:{tmp_path / 'tif'}")
+  (tmp_path / "empty" / "sub").mkdir(parents=True)
+  with pytest.raises(ValueError, match="has no images"):
+    sources.get_builder(f"folder:{tmp_path / 'empty'}")
+  _images(tmp_path / "tree", ["train/cat/1.png", "train/cat/2.webp"])
+  with pytest.raises(ValueError, match=r"ImageFolder.*2.webp"):
+    sources.get_builder(f"folder:{tmp_path / 'tree'}")
+
+
 def test_mock_tfds_catalogue_dataset():
   """A catalogue dataset (CIFAR-10) through the same path, with mock data."""
   cfg = tiny_config(dataset="cifar10", data_dir=None, image_size=16,

@@ -8,6 +8,7 @@ import time
 
 import jax
 import numpy as np
+import pytest
 
 import train_helpers  # noqa: F401  (repo on sys.path)
 from vit_jax.train import multihost, sharding
@@ -101,3 +102,27 @@ def test_sigterm_sets_the_vote_for_this_run_only():
   with multihost.Preemption(data) as p:
     assert not p.received  # consumed by the run that saw it
   assert multihost.agree(7, "a step") == 7  # one process agrees with itself
+
+
+def test_a_first_ctrl_c_is_a_stop_request_a_second_one_interrupts(capfd):
+  mesh = sharding.make_mesh(jax.devices()[:1])
+  before = (signal.getsignal(signal.SIGINT), signal.getsignal(signal.SIGTERM))
+  try:
+    assert multihost.install_sigterm_handler(ctrl_c=True)
+    with multihost.Preemption(sharding.batch_sharding(mesh)) as p:
+      os.kill(os.getpid(), signal.SIGINT)
+      for _ in range(1000):  # the handler runs between bytecodes
+        if p.received:
+          break
+        time.sleep(0.001)
+      assert p.received and multihost.stop_reason() == "Ctrl-C"
+      assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+      with pytest.raises(KeyboardInterrupt):
+        os.kill(os.getpid(), signal.SIGINT)
+        time.sleep(1)
+    assert not p.received
+    assert "Ctrl-C: stopping after this step, with a checkpoint" in (
+        capfd.readouterr().err)
+  finally:
+    signal.signal(signal.SIGINT, before[0])
+    signal.signal(signal.SIGTERM, before[1])

@@ -7,6 +7,7 @@ test_train_multihost.py, test_train_resume.py.
 
 import json
 import os
+import re
 
 import jax
 import numpy as np
@@ -282,3 +283,58 @@ def test_curves_of_a_run_stopped_before_its_first_eval(tmp_path):
     warnings.simplefilter("error")
     path = metrics.write_plots(str(tmp_path))
   assert path and os.path.getsize(path) > 1000
+
+
+# A config that presses Ctrl-C (SIGINT to itself, from the main thread as a
+# terminal would) right after step 4's metrics row: once, or twice.
+_CTRL_C_CONFIG = '''
+import os, signal
+from configs import digits
+from vit_jax.train import metrics
+
+def get_config(presses="1"):
+  write = metrics.MetricsWriter.write
+
+  def pressing(self, step, **row):
+    write(self, step, **row)
+    if step == 4 and "train_loss" in row:
+      for _ in range(int(presses)):
+        os.kill(os.getpid(), signal.SIGINT)
+        for _ in range(100):  # the handler runs between these calls
+          pass
+  metrics.MetricsWriter.write = pressing
+  return digits.get_config()
+'''
+
+
+def test_ctrl_c_stops_with_one_line_and_how_to_resume(tmp_path):
+  """A first Ctrl-C is a stop request, as SIGTERM: a checkpoint after the
+  step, one line naming it and how to resume, exit status 130; a second
+  one stops at once, with one line naming the last complete checkpoint
+  (resuming from it: test_train_resume.py's SIGKILL). No traceback either
+  way."""
+  config = tmp_path / "ctrl_c.py"
+  config.write_text(_CTRL_C_CONFIG)
+  o = tiny_overrides(total_steps=40, log_every=2, eval_every=100,
+                     checkpoint_every=2, async_checkpointing=False)
+  work = tmp_path / "once"
+  p = run(train_cmd(str(work), o, config=f"{config}:1"), check=False,
+          timeout=300)
+  assert p.returncode == 130, p.stderr[-3000:]
+  assert "Traceback" not in p.stderr, p.stderr[-3000:]
+  assert "Ctrl-C: stopping after this step, with a checkpoint" in p.stderr
+  m = re.search(r"^Ctrl-C: saved a checkpoint at step (\d+) in (\S+); "
+                r"exiting\. Run the same command to resume\.$", p.stdout,
+                re.M)
+  assert m and 4 < int(m.group(1)) < 40, p.stdout[-2000:]
+  assert m.group(2) == str(work / "checkpoints")
+  work = tmp_path / "twice"
+  p = run(train_cmd(str(work), o, config=f"{config}:2"), check=False,
+          timeout=300)
+  assert p.returncode == 130, p.stderr[-3000:]
+  assert "Traceback" not in p.stderr, p.stderr[-3000:]
+  last = p.stderr.strip().splitlines()[-1]
+  assert re.fullmatch(
+      r"train\.py: stopped by Ctrl-C\. The last complete checkpoint is step "
+      r"2 in \S+: start every process again with the same command to "
+      r"resume from it\.", last), p.stderr[-2000:]

@@ -205,6 +205,66 @@ def test_create_model_random_init_has_the_records_preprocessing():
   assert m.hidden_size == 768 and "head" in v["params"]
 
 
+def _preprocessed_ok(pre, model, image):
+  """``Loaded.preprocess`` of ``image`` with ``pre``: what the model takes
+  (no weights needed to prepare an image)."""
+  x = weights.Loaded(model, {}, pre).preprocess(image)
+  if model.naflex is not None:
+    n = len(x["patches"])
+    assert 0 < n <= pre.max_seq_len, (n, pre.max_seq_len)
+    assert x["patches"].shape[1] == model.patch_size ** 2 * 3
+  else:
+    assert x.shape == (pre.crop_size, pre.crop_size, 3), x.shape
+  return x
+
+
+def test_every_names_preprocessing_prepares_an_image():
+  """create_model(name).preprocess for every name list_models gives
+  (architectures and tags): the recipe create_model attaches
+  (weights.initial_preprocessing, here without initialising ~600 models)
+  prepares a non-square image; a NaFlex recipe carries its token budget
+  (the patches of its record's input size)."""
+  image = np.random.default_rng(0).integers(0, 256, (30, 44, 3), np.uint8)
+  names = vit_jax.list_models() + vit_jax.list_models(pretrained=True)
+  naflex = 0
+  for name in names:
+    model = models.get_model(name.split(".", 1)[0])
+    _, pre = weights.initial_preprocessing(name, model)
+    try:
+      _preprocessed_ok(pre, model, image)
+    except Exception as e:  # pylint: disable=broad-except
+      raise AssertionError(f"{name}: {e}") from e
+    naflex += model.naflex is not None
+  assert naflex >= 13 + 10  # every naflexvit_* architecture and tag
+  budgets = {n: weights.initial_preprocessing(n, models.get_model(n))[1]
+             for n in ("naflexvit_base_patch16_siglip",
+                       "naflexvit_base_patch16_radio_v3",
+                       "naflexvit_base_patch16_map")}  # the last: no record
+  assert {n: p.max_seq_len for n, p in budgets.items()} == {
+      "naflexvit_base_patch16_siglip": 576,  # 384 px / 16: timm's 576
+      "naflexvit_base_patch16_radio_v3": 1024,  # C-RADIO's 512 px
+      "naflexvit_base_patch16_map": 576}
+  assert pretrained.lookup(
+      "naflexvit_so400m_patch16_siglip.v2_webli").max_seq_len == 576
+  assert pretrained.lookup("vit_base_patch16_224").max_seq_len is None
+
+
+@pytest.mark.parametrize("name", ["naflexvit_base_patch16_siglip",
+                                  "naflexvit_base_patch16_radio_v3"])
+def test_create_model_naflex_preprocess_runs(name):
+  """The README's snippet on a NaFlex name: create_model(name).preprocess
+  (image), batch, apply (small widths: the recipe is the name's)."""
+  loaded = vit_jax.create_model(name, num_layers=1, hidden_size=64,
+                                num_heads=2, mlp_dim=128)
+  rec = pretrained.lookup(name)
+  assert loaded.preprocessing == rec.preprocessing()
+  image = np.random.default_rng(1).integers(0, 256, (60, 90, 3), np.uint8)
+  x = _preprocessed_ok(loaded.preprocessing, loaded.model, image)
+  out = jax.jit(lambda v, b: loaded.model.apply(v, b, train=False))(
+      loaded.variables, loaded.batch([x]))
+  assert out.shape == (1, 64) and np.all(np.isfinite(np.asarray(out)))
+
+
 def test_torchvision_releases_are_records():
   rec = pretrained.lookup("vit_b_16.tv_swag_e2e_in1k")
   assert rec.source == "torchvision:IMAGENET1K_SWAG_E2E_V1"

@@ -174,7 +174,8 @@ def eval_dataset(config, src: DataSource, *, local_batch: int,
                  process_index: int, process_count: int,
                  mean: Optional[Sequence[float]] = None,
                  std: Optional[Sequence[float]] = None,
-                 naflex: Optional[Tuple[int, int]] = None
+                 naflex: Optional[Tuple[int, int]] = None,
+                 with_paths: bool = False
                  ) -> Tuple[tf.data.Dataset, int]:
   """(padded process-local eval batches with ``mask``, number of batches).
 
@@ -184,6 +185,9 @@ def eval_dataset(config, src: DataSource, *, local_batch: int,
   (as in :func:`train_dataset`). ``naflex=(patch_size, seq_len)``: NaFlex
   batches of one length (:func:`vit_jax.data.transforms.
   preprocess_eval_naflex`: the whole image within ``seq_len`` patches).
+  ``with_paths``: each example's file (``path``, bytes; ``b''`` for
+  padding) where the dataset names it (image folders, tfds datasets with a
+  file name feature).
   """
   counts = [sources.process_split(src.builder, src.eval_split, p, process_count,
                            src.is_folder, drop_remainder=False)[1]
@@ -196,6 +200,7 @@ def eval_dataset(config, src: DataSource, *, local_batch: int,
     raw = cached(raw)
   size = config.image_size
   resize = preprocessing.eval_resize_size(config.pp.eval_crop_fraction, size)
+  path_key = path_feature(raw) if with_paths else None
 
   def process(ex):
     if naflex is not None:
@@ -206,6 +211,8 @@ def eval_dataset(config, src: DataSource, *, local_batch: int,
       out = {"image": transforms.preprocess_eval(
           ex["image"], image_size=size, resize_size=resize, mean=mean,
           std=std)}
+    if path_key is not None:
+      out["path"] = ex[path_key]
     return dict(out, label=tf.cast(ex["label"], tf.int32),
                 mask=tf.constant(1.0, tf.float32))
 
@@ -219,6 +226,18 @@ def eval_dataset(config, src: DataSource, *, local_batch: int,
     ds = ds.concatenate(tf.data.Dataset.from_tensors(blank).repeat(pad))
   ds = ds.batch(local_batch, drop_remainder=True).prefetch(config.prefetch)
   return ds.with_options(_options()), num_batches
+
+
+# Features that name an example's file: image folders' (tfds' ImageFolder
+# and sources.ImageFiles), and the file-name features of tfds datasets.
+PATH_FEATURES = ("image/filename", "file_name", "filename")
+
+
+def path_feature(raw: tf.data.Dataset) -> Optional[str]:
+  """The feature of ``raw``'s examples that names their file, or None."""
+  spec = raw.element_spec
+  return next((k for k in PATH_FEATURES if isinstance(spec, dict) and
+               k in spec and spec[k].dtype == tf.string), None)
 
 
 # The run's (mean, std): in preprocessing (no TensorFlow), named here too.

@@ -1,5 +1,6 @@
-"""The command line's surface: a clean first screen for the tools, and one
-spelling of their options (:class:`Parser`).
+"""The command line's surface: a clean first screen for the tools, one line
+per warning (:func:`one_line_warnings`), and one spelling of their options
+(:class:`Parser`).
 
 While its native libraries load, TensorFlow logs INFO lines to stderr (the
 oneDNN notice, the CPU feature guard, absl's "before InitializeLog" notice),
@@ -22,6 +23,7 @@ import os
 import re
 import sys
 import tempfile
+import warnings
 
 _INFO = re.compile(rb"^I\d{4} \d\d:\d\d:\d+\.\d+ +\d+ [\w./-]+:\d+\] ")
 _NOTICES = (
@@ -131,6 +133,30 @@ def quiet_native_logs():
     return
   if not any(isinstance(f, _FirstImport) for f in sys.meta_path):
     sys.meta_path.insert(0, _FirstImport())
+
+
+def one_line_warnings():
+  """Python warnings as one line each on stderr, ``warning: <message>``
+  (``warning: <Category>: <message>`` for other libraries' warnings),
+  instead of Python's ``file.py:80: Category: message`` and a line of the
+  source that warned. For the command-line tools (their ``__main__``):
+  a library keeps Python's display."""
+
+  def show(message, category, filename, lineno, file=None, line=None):
+    del filename, lineno, line
+    stream = file if file is not None else sys.stderr
+    if stream is None:
+      return
+    text = " ".join(str(message).split())
+    ours = category.__module__.split(".")[0] == "vit_jax"
+    try:
+      stream.write(f"warning: {text}\n" if ours else
+                   f"warning: {category.__name__}: {text}\n")
+      stream.flush()
+    except (OSError, ValueError):  # a closed or broken stream
+      pass
+
+  warnings.showwarning = show
 
 
 class Parser(argparse.ArgumentParser):

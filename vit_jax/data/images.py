@@ -47,3 +47,9 @@ def expand_image_paths(paths: Sequence[str]) -> List[str]:
     else:
       out.append(p)
   return out
+
+
+def missing(paths: Sequence[str]) -> List[str]:
+  """The error of each path that names no file (checked before a model is
+  loaded, so a mistyped path is reported at once)."""
+  return [f"{p}: no such file" for p in paths if not os.path.exists(p)]

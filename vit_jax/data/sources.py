@@ -6,6 +6,16 @@ resolved to a prepared builder, and each process's slice of a split.
 The bundled ``digits`` dataset is generated on first use (one line of
 ours); catalogue datasets are downloaded when the machine can reach tfds'
 host, else a clear error says how to prepare them elsewhere.
+
+An image folder (``folder:DIR``) is read one of two ways, by where its
+images are (:func:`folder_builder`):
+
+* ``DIR/<split>/<label>/*.jpg`` (every image two levels down): a split
+  tree, tfds' ``ImageFolder`` (what training needs);
+* any other folder of images (flat, or nested at any depth): read whole,
+  as the one split ``'all'`` (:class:`ImageFiles`), sorted by path;
+  labelled by the first-level subdirectory when every image is one level
+  down (``DIR/<label>/*.jpg``), else unlabelled (label -1).
 """
 
 from __future__ import annotations
@@ -42,6 +52,109 @@ class DataSource:
   num_train: int
   num_eval: int
   is_folder: bool = False
+
+
+# What tf.io.decode_image reads (the pipeline's decoder); tfds' ImageFolder
+# (a split tree) reads .jpg, .jpeg and .png only.
+DECODABLE = (".jpg", ".jpeg", ".png", ".bmp", ".gif", ".webp")
+# Image files PIL reads (the tools' other inputs) that TensorFlow cannot.
+NOT_DECODABLE = (".tif", ".tiff", ".ppm", ".pgm")
+ALL_SPLIT = "all"  # the one split of a folder read whole
+IMAGE_FOLDER_EXTS = (".jpg", ".jpeg", ".png")  # what tfds' ImageFolder reads
+
+
+class ImageFiles:
+  """A folder of images read whole (no ``<split>/<label>/`` tree): the
+  one split :data:`ALL_SPLIT` of every image under ``root``, sorted by
+  path. ``label_names``: the first-level subdirectories when every image is
+  in one (``root/<label>/x.jpg``), else None and every label is -1.
+  Examples are tfds-like dicts: ``image`` (the encoded bytes), ``label``,
+  ``image/filename``."""
+
+  def __init__(self, root: str, paths: List[str],
+               label_names: Optional[List[str]] = None):
+    self.root = root
+    self.paths = list(paths)
+    self.label_names = label_names
+    self.name = f"folder:{root}"
+    self.note = ""  # why it is not a split tree, where that may surprise
+    if label_names:
+      index = {n: i for i, n in enumerate(label_names)}
+      self.labels = np.array([index[os.path.relpath(p, root).split(os.sep)[0]]
+                              for p in self.paths], np.int64)
+    else:
+      self.labels = np.full((len(self.paths),), -1, np.int64)
+
+  def as_dataset(self, split: str = ALL_SPLIT, **unused) -> tf.data.Dataset:
+    del unused  # shuffle_files, decoders, read_config: the order is fixed
+    if split != ALL_SPLIT:
+      raise ValueError(self.split_error(split))
+    ds = tf.data.Dataset.from_tensor_slices(
+        {"image/filename": self.paths, "label": self.labels})
+    return ds.map(lambda ex: dict(ex, image=tf.io.read_file(
+        ex["image/filename"])))
+
+  def split_error(self, split: str, what: str = "split") -> str:
+    return (f"{what}={split!r}: {self.root!r} is a folder of images without "
+            f"a <split>/<label>/ tree{self.note}, read whole as the one "
+            f"split {ALL_SPLIT!r} (leave the split out). Training needs "
+            f"{self.root}/<split>/<label>/<image> directories.")
+
+
+def _image_files(root: str) -> List[str]:
+  """Every image file under ``root`` (hidden files and directories left
+  out; linked directories followed, as tfds' ImageFolder does), sorted; a
+  clear error for image files the pipeline cannot decode or a folder
+  without images."""
+  found, unreadable = [], []
+  for dirpath, dirnames, filenames in os.walk(root, followlinks=True):
+    dirnames[:] = sorted(d for d in dirnames if not d.startswith("."))
+    for f in filenames:
+      ext = os.path.splitext(f)[1].lower()
+      if f.startswith("."):
+        continue
+      if ext in DECODABLE:
+        found.append(os.path.join(dirpath, f))
+      elif ext in NOT_DECODABLE:
+        unreadable.append(os.path.join(dirpath, f))
+  if unreadable:
+    raise ValueError(
+        f"Image folder {root!r} has {len(unreadable)} image(s) the input "
+        f"pipeline (tf.io.decode_image) cannot decode, e.g. "
+        f"{unreadable[:3]}: convert them to {', '.join(DECODABLE)}, or move "
+        f"them out.")
+  if not found:
+    raise ValueError(f"Image folder {root!r} has no images "
+                     f"({', '.join(DECODABLE)}) at any depth.")
+  return sorted(found)
+
+
+def folder_builder(root: str):
+  """The builder of an image folder (see the module docstring): tfds'
+  ``ImageFolder`` for a ``<split>/<label>/`` tree, else :class:`ImageFiles`."""
+  if not os.path.isdir(root):
+    raise FileNotFoundError(
+        f"Image folder {root!r} does not exist. Expected a folder of images, "
+        f"or a <dir>/<split>/<label>/<image>.(jpg|jpeg|png) tree.")
+  paths = _image_files(root)
+  parts = [os.path.relpath(p, root).split(os.sep) for p in paths]
+  depths = {len(q) - 1 for q in parts}
+  if depths == {2}:
+    other = [p for p in paths if not p.lower().endswith(IMAGE_FOLDER_EXTS)]
+    if other:
+      raise ValueError(
+          f"Image folder {root!r} is a <split>/<label>/ tree, which tfds' "
+          f"ImageFolder reads as {', '.join(IMAGE_FOLDER_EXTS)} only: "
+          f"{len(other)} other image(s) would be left out, e.g. "
+          f"{other[:3]}. Convert them, or move them out.")
+    return tfds.ImageFolder(root)
+  names = sorted({q[0] for q in parts}) if depths == {1} else None
+  files = ImageFiles(root, paths, names)
+  if 2 in depths:  # most likely a split tree with strays: say why it is not
+    stray = [p for p, q in zip(paths, parts) if len(q) != 3]
+    files.note = (f" ({len(stray)} image(s) are not two levels down, e.g. "
+                  f"{stray[:3]})")
+  return files
 
 
 def _folder_path(dataset: str) -> Optional[str]:
@@ -92,15 +205,7 @@ def get_builder(dataset: str, data_dir: Optional[str] = None,
   """
   folder = _folder_path(dataset)
   if folder is not None:
-    if not os.path.isdir(folder):
-      raise FileNotFoundError(
-          f"Image folder {folder!r} (from dataset={dataset!r}) does not exist. "
-          f"Expected <dir>/<split>/<label>/<image>.(jpg|jpeg|png).")
-    builder = tfds.ImageFolder(folder)
-    if not builder.info.splits:
-      raise ValueError(f"Image folder {folder!r} has no split directories: "
-                       f"expected <dir>/<split>/<label>/<image>.(jpg|png).")
-    return builder
+    return folder_builder(folder)
   if dataset in LOCAL_BUILDERS:
     return _bundled_builder(dataset, data_dir)
   try:
@@ -150,6 +255,10 @@ def _bundled_builder(name: str, data_dir: Optional[str]):
 
 
 def _check_split(builder, split: str, what: str):
+  if isinstance(builder, ImageFiles):
+    if split != ALL_SPLIT:
+      raise ValueError(builder.split_error(split, what))
+    return
   known = list(builder.info.splits.keys())
   base = split.split("[")[0]
   if known and base not in known:
@@ -195,15 +304,25 @@ def process_split(src_builder, split: str, index: int, count: int,
 _READ_CONFIG = tfds.ReadConfig(try_autocache=False)
 
 
-def get_source(config) -> DataSource:
-  """Resolves ``config.dataset`` (+ splits) and reads its metadata."""
-  builder = get_builder(config.dataset, config.data_dir, config.download,
-                        flags=tuple(config.get("flags", None) or
-                                    ("--config.data_dir",
-                                     "config.download is False")))
-  is_folder = isinstance(builder, tfds.ImageFolder)
+def get_source(config, builder=None) -> DataSource:
+  """Resolves ``config.dataset`` (+ splits) and reads its metadata
+  (``builder``: its :func:`get_builder`, where the caller has it)."""
+  if builder is None:
+    builder = get_builder(config.dataset, config.data_dir, config.download,
+                          flags=tuple(config.get("flags", None) or
+                                      ("--config.data_dir",
+                                       "config.download is False")))
   _check_split(builder, config.train_split, "config.train_split")
   _check_split(builder, config.eval_split, "config.eval_split")
+  if isinstance(builder, ImageFiles):
+    names = builder.label_names
+    return DataSource(
+        name=config.dataset, builder=builder, data_dir=config.data_dir,
+        train_split=ALL_SPLIT, eval_split=ALL_SPLIT,
+        num_classes=len(names or ()), label_names=names,
+        num_train=len(builder.paths), num_eval=len(builder.paths),
+        is_folder=True)
+  is_folder = isinstance(builder, tfds.ImageFolder)
   feats = builder.info.features
   for key in ("image", "label"):
     if key not in feats:

@@ -24,8 +24,11 @@ def _parser():
       description="Export a ViT checkpoint as a StableHLO, TensorFlow "
                   "SavedModel or ONNX artifact (images in, logits out).")
   ap.add_argument("--checkpoint", required=True,
-                  help="anything vit_jax.weights.load reads (a training "
-                       "workdir, .pth, .npz, .safetensors, torchvision:NAME)")
+                  help="anything vit_jax.weights.load reads: a pretrained "
+                       "name (vit_small_patch14_reg4_dinov2.lvd142m; "
+                       "vit_jax.list_models(pretrained=True)), a training "
+                       "workdir, .pth, .npz, .safetensors, hf-hub:org/name, "
+                       "torchvision:NAME")
   ap.add_argument("--format", required=True, choices=FORMATS)
   ap.add_argument("--out", required=True,
                   help="output file (stablehlo, onnx) or directory "
@@ -94,4 +97,5 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
 
 
 if __name__ == "__main__":
+  console.one_line_warnings()
   sys.exit(main())

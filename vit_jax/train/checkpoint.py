@@ -125,6 +125,18 @@ def _is_disk_full(e: BaseException) -> bool:
           or "os_error_code='28'" in text)
 
 
+def complete_steps(directory: str) -> List[int]:
+  """The complete checkpoints' steps in ``directory``, from its listing
+  (a step's directory is named by its number once Orbax has committed it;
+  until then it is a temporary name): safe from any thread, and without a
+  manager."""
+  try:
+    names = os.listdir(directory)
+  except OSError:
+    return []
+  return sorted(int(n) for n in names if orbax.STEP_RE.match(n))
+
+
 class CheckpointManager:
   """Saves and restores training state; thin layer over Orbax's manager.
 
@@ -174,11 +186,7 @@ class CheckpointManager:
 
   def complete_steps(self) -> List[int]:
     """Complete steps from a directory listing (safe from any thread)."""
-    try:
-      names = os.listdir(self.directory)
-    except OSError:
-      return []
-    return sorted(int(n) for n in names if orbax.STEP_RE.match(n))
+    return complete_steps(self.directory)
 
   # ------------------------------------------------------------------ save
 

@@ -115,11 +115,19 @@ def _facts(config, src, mesh, start, latest, model_name, n_params, mean, std):
 def _resume_hint(ckpt: checkpoint.CheckpointManager) -> str:
   """What survives a stop: the last complete checkpoint (directory listing
   only, safe from the watchdog thread)."""
-  steps = ckpt.complete_steps()
+  return resume_hint(ckpt.directory)
+
+
+def resume_hint(checkpoint_dir: str) -> str:
+  """What survives a stop: the last complete checkpoint in
+  ``checkpoint_dir`` (a directory listing: safe from any thread, and after
+  an interrupt)."""
+  steps = checkpoint.complete_steps(checkpoint_dir)
   if not steps:
-    return f"There is no complete checkpoint in {ckpt.directory} yet."
+    return (f"There is no complete checkpoint in {checkpoint_dir} yet: the "
+            f"same command starts again from step 0.")
   return (f"The last complete checkpoint is step {steps[-1]} in "
-          f"{ckpt.directory}: start every process again with the same command "
+          f"{checkpoint_dir}: start every process again with the same command "
           f"to resume from it.")
 
 
@@ -135,6 +143,7 @@ def train_and_evaluate(config, workdir: str, *,
 
   Returns:
     The last train and eval metrics, plus ``step``, ``preempted``,
+    ``stopped_by`` (``'SIGTERM'`` or ``'Ctrl-C'`` when preempted),
     ``checkpoint_step`` and the final ``state`` (a TrainState).
   """
   workdir = os.path.abspath(workdir)
@@ -309,7 +318,7 @@ def train_and_evaluate(config, workdir: str, *,
     progress.resume()
     return row
 
-  step, preempted, vote = start, False, None
+  step, preempted, vote, stopped_by = start, False, None, None
   heap = host_memory.HeapGuard()
   with multihost.Preemption(data_sh) as preemption:
     while step < total:
@@ -369,7 +378,8 @@ def train_and_evaluate(config, workdir: str, *,
       if step % int(config.eval_every) == 0 or is_last:
         last_eval = evaluate(step)
       if preempted:
-        writer.print(f"SIGTERM: saved a checkpoint at step {step} in "
+        stopped_by = multihost.stop_reason()
+        writer.print(f"{stopped_by}: saved a checkpoint at step {step} in "
                      f"{ckpt.directory}; exiting. Run the same command to "
                      f"resume.")
         break
@@ -384,5 +394,6 @@ def train_and_evaluate(config, workdir: str, *,
   if pidx == 0 and config.write_plots:
     metrics.write_plots(workdir)
   writer.close()
-  return dict(step=step, preempted=preempted, checkpoint_step=saved_step,
-              state=state, **last_train, **last_eval)
+  return dict(step=step, preempted=preempted, stopped_by=stopped_by,
+              checkpoint_step=saved_step, state=state, **last_train,
+              **last_eval)

@@ -2,7 +2,8 @@
 one waits for the others.
 
 **Preemption.** A SIGTERM (a scheduler's preemption notice) to *any* process
-stops *every* process after the same step, with a checkpoint. The signal
+stops *every* process after the same step, with a checkpoint; in
+``train.py`` a first Ctrl-C does the same (a second one stops at once). The signal
 handler only sets a flag. Every train step takes each process's flag as one
 int32 per device and returns their maximum, replicated
 (:func:`vit_jax.train.step.compile_steps`); after dispatching step ``s`` the
@@ -42,22 +43,52 @@ import numpy as np
 EXIT_CODE = 1
 BACKSTOP_S = 10.0  # after a wait's limit, if the watchdog could not speak
 
-_sigterm = threading.Event()
+_sigterm = threading.Event()  # a stop request: SIGTERM, or a first Ctrl-C
+_reason = []  # what asked first: "SIGTERM" or "Ctrl-C"
 
 
 def _on_sigterm(signum, frame):
   del signum, frame
+  if not _sigterm.is_set():
+    _reason[:] = ["SIGTERM"]
   _sigterm.set()
 
 
-def install_sigterm_handler() -> bool:
-  """Makes SIGTERM a stop request (see :class:`Preemption`) from now on.
+def _on_ctrl_c(signum, frame):
+  """A first Ctrl-C (SIGINT) is a stop request, as SIGTERM: every process
+  saves a checkpoint after the same step and exits; a second one raises
+  KeyboardInterrupt at once (``train.py`` then names the last complete
+  checkpoint)."""
+  del signum, frame
+  signal.signal(signal.SIGINT, signal.default_int_handler)
+  if not _sigterm.is_set():
+    _reason[:] = ["Ctrl-C"]
+  _sigterm.set()
+  try:  # os.write: safe wherever the main thread was interrupted
+    os.write(2, b"\nCtrl-C: stopping after this step, with a checkpoint "
+                b"(Ctrl-C again: stop now, losing the steps since the last "
+                b"checkpoint)\n")
+  except OSError:
+    pass
+
+
+def stop_reason() -> str:
+  """What asked this process to stop: ``'SIGTERM'`` or ``'Ctrl-C'``
+  (``'SIGTERM'`` where the request came from another process's vote)."""
+  return _reason[0] if _reason else "SIGTERM"
+
+
+def install_sigterm_handler(ctrl_c: bool = False) -> bool:
+  """Makes SIGTERM (and with ``ctrl_c`` a first Ctrl-C) a stop request
+  (see :class:`Preemption`) from now on.
 
   ``train.py`` calls this first thing, so a notice during start-up counts too.
   Returns False outside the main thread (where Python cannot handle signals).
   """
   try:
     signal.signal(signal.SIGTERM, _on_sigterm)
+    if ctrl_c:
+      signal.signal(signal.SIGINT, _on_ctrl_c)
   except ValueError:  # not the main thread
     return False
   return True
@@ -88,6 +119,7 @@ class Preemption:
     if self._old is not None and self._old is not _on_sigterm:
       signal.signal(signal.SIGTERM, self._old)
     _sigterm.clear()  # consumed by this run
+    _reason.clear()
 
   @property
   def received(self) -> bool:

@@ -104,6 +104,16 @@ class Loaded:
   def image_size(self) -> int:
     return int(self.preprocessing.crop_size)
 
+  def head_summary(self) -> str:
+    """What the model's output is, in words (for messages)."""
+    if self.head == "embedding":
+      return (f"its head is a {self.embedding_dim}-d image embedding (CLIP's "
+              f"projection into the image-text space), not class scores")
+    if not self.num_classes:
+      return ("it has no classification head (a backbone: its output is "
+              "its pooled features, not class scores)")
+    return f"its head gives scores of {self.num_classes} classes"
+
   def label(self, index: int) -> str:
     if self.label_names is not None:
       return self.label_names[index]
@@ -231,18 +241,41 @@ def initial(name: str, *, num_classes=None, image_size=None,
   model = models.get_model(base, **kw)
   variables = models.init_params(model, int(models.pair(
       model.image_size or 224)[0]), seed=seed)
-  try:
-    rec = pretrained.lookup(name)
-    pre = rec.preprocessing()
-  except pretrained.UnknownName:
-    rec, pre = None, pp.default_for(None, "timm")
-  size = models.pair(model.image_size or 224)
-  pre = pre.resized(size[0]) if size[0] == size[1] else pre
+  rec, pre = initial_preprocessing(name, model)
   return Loaded(model, variables, pre, None,
                 f"{base} (random initialisation): "
                 f"{trees.describe(_record(model))}", "init",
                 head="classes" if model.num_classes else "none",
                 info={"pretrained": rec.as_dict()} if rec else {})
+
+
+def initial_preprocessing(name: str, model
+                          ) -> "tuple[Optional[Any], pp.Preprocessing]":
+  """(pretrained record or None, preprocessing) of :func:`initial`'s
+  ``model`` built from ``name``: the record's recipe (of the tag, or of the
+  architecture's default weights), else the family's (timm's names), else
+  Google's; at the size the model is initialised at. A NaFlex model's
+  recipe keeps its size and always has a token budget (the record's, else
+  :func:`_with_naflex_budget`)."""
+  from vit_jax.weights import pretrained  # pylint: disable=import-outside-toplevel
+  try:
+    rec = pretrained.lookup(name)
+    pre = rec.preprocessing()
+  except pretrained.UnknownName:
+    rec, pre = None, _from_name(name) or pp.default_for(None, "timm")
+  if model.naflex is None:  # the size it is initialised at
+    size = models.pair(model.image_size or 224)
+    pre = pre.resized(size[0]) if size[0] == size[1] else pre
+  return rec, _with_naflex_budget(pre, model)
+
+
+def _with_naflex_budget(pre: pp.Preprocessing, model) -> pp.Preprocessing:
+  """``pre``, for a NaFlex model given a fixed-size recipe, with the
+  budget of its crop: ``(crop // patch) ** 2`` patches."""
+  if model.naflex is None or pre.max_seq_len:
+    return pre
+  return dataclasses.replace(
+      pre, max_seq_len=(int(pre.crop_size) // model.patch_size) ** 2)
 
 
 def _record(model) -> dict:
@@ -282,10 +315,7 @@ def _finish(model, variables, pre: pp.Preprocessing, names, what: str,
   crop = trees.native_image_size(trees.unstack_layers(variables), model)
   if crop:
     pre = pre.resized(crop)
-  if model.naflex is not None and not pre.max_seq_len:
-    # A NaFlex model given a fixed-size recipe: the budget of its crop.
-    pre = dataclasses.replace(
-        pre, max_seq_len=(int(pre.crop_size) // model.patch_size) ** 2)
+  pre = _with_naflex_budget(pre, model)
   head = _head_kind(model, variables, names)
   if head == "embedding":
     names = None

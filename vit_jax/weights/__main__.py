@@ -74,4 +74,6 @@ def main(argv: Optional[list] = None) -> int:
 
 
 if __name__ == "__main__":
+  from vit_jax.data import console  # pylint: disable=ungrouped-imports
+  console.one_line_warnings()
   sys.exit(main())

@@ -93,11 +93,26 @@ class Pretrained:
       return f"torchvision:{self.torchvision}"
     return f"hf-hub:{self.hub}"
 
+  @property
+  def max_seq_len(self) -> Optional[int]:
+    """A NaFlex architecture's token budget per image: the patches of its
+    ``input_size`` (576 for 384 px in patches of 16, timm's NaFlex
+    evaluation length; 1024 for C-RADIO's 512 px); None for the others."""
+    arch = _timm_archs.ARCHS.get(self.architecture) or {}
+    if not arch.get("naflex"):
+      return None
+    from vit_jax import models  # pylint: disable=import-outside-toplevel
+    patch = models.get_model(self.architecture).patch_size
+    h, w = self.input_size[-2:]
+    return (int(h) // patch) * (int(w) // patch)
+
   def preprocessing(self) -> pp.Preprocessing:
+    """How images must be prepared for these weights (for a NaFlex
+    architecture, with its :attr:`max_seq_len`)."""
     return pp.from_timm_cfg(dict(
         input_size=self.input_size, crop_pct=self.crop_pct,
         crop_mode=self.crop_mode, interpolation=self.interpolation,
-        mean=self.mean, std=self.std))
+        mean=self.mean, std=self.std, max_seq_len=self.max_seq_len))
 
   def as_dict(self) -> Dict[str, Any]:
     return dataclasses.asdict(self)
