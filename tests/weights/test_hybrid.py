@@ -309,3 +309,42 @@ def test_other_timm_backbones_are_refused_by_name(name, what):
         for k, v in m.state_dict().items()}
   with pytest.raises(ValueError, match=what):
     formats.from_timm(sd, name)
+
+
+# --------------------------------------------------------------------------- #
+# Everywhere weights go.
+# --------------------------------------------------------------------------- #
+
+
+def test_create_model_files_and_training_keep_the_stem(tmp_path):
+  """create_model by timm's name; our safetensors (the stem's record
+  beside the weights); train.py's --config.init_weights from Google's
+  .npz: the architecture and its constants survive each."""
+  loaded = vit_jax.create_model("vit_tiny_r_s16_p8_224", num_classes=3,
+                                num_layers=1, image_size=SIZE)
+  model, variables, pre = loaded
+  assert model.resnet == resnet.ResNetConfig((), **resnet.TIMM)
+  assert model.patch_size == 32 and pre.mean == (0.5, 0.5, 0.5)
+  assert model.apply(variables, np.zeros((1, SIZE, SIZE, 3),
+                                         np.float32)).shape == (1, 3)
+  path = str(tmp_path / "hybrid.safetensors")
+  formats.save_safetensors(variables, path, model=model)
+  back, _, meta = formats.load_safetensors(path)
+  assert back.resnet == model.resnet
+  assert meta["arch"]["resnet"] == model.resnet.record()
+
+  import train_helpers  # noqa: F401  pylint: disable=import-outside-toplevel,unused-import
+  from configs import r50_b16  # pylint: disable=import-outside-toplevel
+  from vit_jax.train import init as train_init  # pylint: disable=import-outside-toplevel
+  _, params, _ = google_case("stages")
+  npz = str(tmp_path / "R50+ViT.npz")
+  save_as_google(params, npz)
+  cfg = r50_b16.get_config(f"digits,{SIZE}")  # the recipe, another file
+  cfg.init_weights = npz
+  init = train_init.load_initial_weights(cfg)
+  kw = train_init.model_kwargs(cfg, 10, init)
+  trained = train_init.build_model(cfg.model_name, kw)
+  assert trained.resnet == resnet.ResNetConfig((2, 1), **resnet.GOOGLE)
+  assert trained.act == "gelu_tanh"
+  assert sorted(trees.flatten(init.variables["params"])) == sorted(
+      trees.flatten(params))  # our tree: Google's names

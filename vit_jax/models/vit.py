@@ -632,7 +632,11 @@ class VisionTransformer(nn.Module):
       ``(final features, intermediates)``: the final features are
       :meth:`forward_features`'s (B, prefix + N, D) tokens; or the list of
       intermediates only. Works with ``scan_layers=True`` and with
-      ``dynamic_img_size`` (the grid is the input's). A NaFlex dict (whose
+      ``dynamic_img_size`` (the grid is the input's). A hybrid's (``resnet``)
+      intermediates are its transformer blocks' too, as timm's hybrid
+      ``forward_intermediates``: the ResNet stem's stages are not among
+      them (their output is the ``'stem'`` intermediate's input; the
+      patch embedding of it is sown as ``'stem'``). A NaFlex dict (whose
       images have grids of their own: ``output_fmt='NLC'`` only, as timm)
       gives :meth:`forward_features`' dict (the padded tokens and
       ``patch_valid``, which also marks the intermediates' padding).
