@@ -382,3 +382,21 @@ def test_create_model_files_and_training_keep_the_stem(tmp_path):
   assert trained.act == "gelu_tanh"
   assert sorted(trees.flatten(init.variables["params"])) == sorted(
       trees.flatten(params))  # our tree: Google's names
+
+
+def test_a_name_must_agree_about_the_stem(tmp_path):
+  _, params, _ = google_case("root")
+  path = str(tmp_path / "R_Ti.npz")
+  save_as_google(params, path)
+  for name in ("vit_tiny_patch16_224", "vit_ti_16"):
+    with pytest.raises(ValueError, match="without a ResNet stem, but these "
+                       "weights have one"):
+      formats.load_npz(path, name)
+  model, _ = formats.load_npz(path, "vit_tiny_r_s16_p8_224")
+  assert model.resnet.num_layers == ()
+  with meta_device():
+    m = timm.create_model("vit_tiny_patch16_224", depth=1)
+  sd = {k: np.zeros(tuple(v.shape), np.float32)
+        for k, v in m.state_dict().items()}
+  with pytest.raises(ValueError, match="is a hybrid, with a ResNet stem"):
+    formats.from_timm(sd, "vit_tiny_r_s16_p8_224")

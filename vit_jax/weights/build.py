@@ -91,10 +91,22 @@ def check_name(arch: Mapping[str, Any], name: str,
   """Raises if our variant ``name`` (``vit_b_16``, ``B/16``) describes
   another size than the weights' ``arch``, naming both. ``stated`` size
   fields (a custom-size checkpoint: ``num_layers=2``) replace the name's.
-  A timm name is not checked: it decides only what the keys cannot (the
-  activation, epsilon, heads); people build timm models at other depths
-  and resolutions under the same name."""
-  if layouts.parse_timm_name(name) is not None:
+  A timm name's sizes are not checked: it decides only what the keys
+  cannot (the activation, epsilon, heads); people build timm models at
+  other depths and resolutions under the same name. Any name is checked
+  for a ResNet stem: a hybrid's (``vit_base_r50_s16_224``) must have one,
+  the others none."""
+  parsed = layouts.parse_timm_name(name)
+  hybrid = bool(parsed and parsed["hybrid"])
+  has_stem = arch.get("resnet") is not None
+  if hybrid != has_stem:
+    what = ("a hybrid, with a ResNet stem before the patch embedding"
+            if hybrid else "a ViT without a ResNet stem")
+    raise ValueError(
+        f"{name} is {what}, but these weights have "
+        f"{'one (conv_root, block1/...)' if has_stem else 'none'}. They "
+        f"look like {trees.describe(arch)}.")
+  if parsed is not None:
     return
   name = str(name).split(".", 1)[0]  # vit_b_16.tv_in1k: weights of vit_b_16
   try:

@@ -779,7 +779,8 @@ TIMM_PREPROCESSING = (
 
 def parse_timm_name(name: str) -> Optional[Dict[str, Any]]:
   """``vit_small_patch14_reg4_dinov2.lvd142m`` -> {family, size, width,
-  depth, patch_size, image_size, registers, base, resample}; None if it is
+  depth, patch_size, image_size, registers, base, resample, hybrid (a
+  ResNet stem: ``vit_base_r50_s16_224`` ...)}; None if it is
   not a timm ViT name. ``resample``: how a checkpoint's position embedding
   is resampled to another grid (``'timm'``, or RADIO's
   ``'radio'`` / ``'radio_ac'``)."""
@@ -805,7 +806,8 @@ def parse_timm_name(name: str) -> Optional[Dict[str, Any]]:
   return dict(family=m.group("family"), size=size, width=width, depth=depth,
               patch_size=int(m.group("patch")), image_size=image_size,
               registers=int(reg.group(1)) if reg else 0, base=base,
-              distilled=bool(m.group("distilled")), resample=resample)
+              distilled=bool(m.group("distilled")), resample=resample,
+              hybrid=False)
 
 
 def _parse_hybrid_name(base: str) -> Optional[Dict[str, Any]]:
@@ -818,7 +820,7 @@ def _parse_hybrid_name(base: str) -> Optional[Dict[str, Any]]:
            else int(m.group("stride")))
   return dict(family="vit", size=size, width=width, depth=depth,
               patch_size=patch, image_size=int(m.group("res")), registers=0,
-              base=base, distilled=False, resample="timm")
+              base=base, distilled=False, resample="timm", hybrid=True)
 
 
 # timm models of the same classes that vit_jax does not compute (yet): the
