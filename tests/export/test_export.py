@@ -518,3 +518,20 @@ def test_2026_families_export_and_verify(tmp_path):
     err = float(export.verify(s, fmt, path))
     print(f"\nEXPORT {family} {fmt}: max relative error {err:.1e}")
     assert err < TOL, (fmt, err)
+
+
+def test_hybrid_exports_and_verifies(tmp_path):
+  """An R50+ViT-style hybrid (a one-stage ResNet stem of width 32 with
+  Google's constants, a 2x2 patch embedding of its /4 features) in every
+  runtime; its ONNX twin is timm's HybridEmbed, whose standardisation
+  (eps inside the root) gets kernels rescaled to Google's (eps outside)."""
+  model = models.get_model("vit_ti_16", **{
+      **_SMALL, "resnet": models.ResNetConfig((1,), width_factor=0.5)})
+  x = jnp.zeros((1, 32, 32, 3))
+  variables = _perturbed(model.init(jax.random.key(0), x), scale=0.2)
+  s = export.servable((model, variables, PRE))
+  for fmt in export.FORMATS:
+    path = export.export(s, fmt, str(tmp_path / f"hybrid{SUFFIX[fmt]}"))
+    err = float(export.verify(s, fmt, path))
+    print(f"\nEXPORT hybrid {fmt}: max relative error {err:.1e}")
+    assert err < TOL, (fmt, err)

@@ -11,7 +11,8 @@ from ml_collections import config_flags
 import train_helpers  # noqa: F401  (repo on sys.path)
 from vit_jax.train import optim
 
-RECIPES = ["digits", "b16", "ti16", "s16", "l16", "h14", "dinov2", "dinov3"]
+RECIPES = ["digits", "b16", "ti16", "s16", "l16", "h14", "dinov2", "dinov3",
+           "r50_b16"]
 
 
 @pytest.mark.parametrize("name", RECIPES)
@@ -44,6 +45,19 @@ def test_b16_parameter_string():
   from configs import h14, l16, ti16
   assert ti16.get_config().init_weights == ""  # no torchvision Ti weights
   assert l16.get_config().fsdp == -1 and h14.get_config().model.scan_layers
+
+
+def test_r50_b16_recipe_fine_tunes_the_hybrid():
+  from configs import r50_b16
+  c = r50_b16.get_config()
+  assert c.model_name == "vit_base_r50_s16_224"
+  assert c.init_weights == "vit_base_r50_s16_224.orig_in21k"
+  from vit_jax.weights import pretrained  # the name is a record
+  assert pretrained.lookup(c.init_weights).hub == (
+      "timm/vit_base_r50_s16_224.orig_in21k")
+  assert (c.optimizer, c.momentum, c.batch_size) == ("sgd", 0.9, 512)
+  c = r50_b16.get_config("cifar100,384")
+  assert (c.dataset, c.image_size) == ("cifar100", 384)
 
 
 def test_dinov2_recipes():

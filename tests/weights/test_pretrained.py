@@ -34,6 +34,7 @@ FAMILIES = [
     ("vit_pe_core_tiny_patch16_384.fb", {}),
     ("aimv2_large_patch14_224.apple_pt", {}),
     ("deit_tiny_distilled_patch16_224.fb_in1k", {}),
+    ("vit_tiny_r_s16_p8_224.augreg_in21k_ft_in1k", {}),  # R+ViT-Ti hybrid
 ]
 
 

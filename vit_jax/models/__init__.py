@@ -10,14 +10,15 @@ norms, position embeddings, the encoder), :mod:`~vit_jax.models.kernels`
 (the fast paths, chosen per backend), :mod:`~vit_jax.models.interpolate`
 (PyTorch's resizing as matrices), :mod:`~vit_jax.models.naflex` (NaFlex
 inputs: the per-image resize of the position grid, the padding masks),
-:mod:`~vit_jax.models.analysis` (attention
-maps, rollout, feature PCA). This room imports nothing else of vit_jax, nor
+:mod:`~vit_jax.models.resnet` (the hybrids' ResNet stem),
+:mod:`~vit_jax.models.analysis` (attention maps, rollout, feature PCA). This room imports nothing else of vit_jax, nor
 torch or TensorFlow.
 """
 
 from vit_jax.models.layers import (  # noqa: F401  (building blocks)
     LN_EPS, AddPositionEmbs, BlockConfig, Encoder, Encoder1DBlock, LayerNorm,
     MAPHead, MlpBlock, MultiHeadDotProductAttention, PatchEmbed, activation)
+from vit_jax.models.resnet import ResNetConfig  # noqa: F401
 from vit_jax.models.variants import (  # noqa: F401
     ARCH_FIELDS, FIELDS, OPTION_FIELDS, SIZES, VARIANTS, Variant, arch_record,
     count_params, decode_variant, from_record, get_model, init_params,
@@ -27,7 +28,8 @@ from vit_jax.models.vit import (  # noqa: F401
 
 __all__ = [
     "ARCH_FIELDS", "FIELDS", "OPTION_FIELDS", "SIZES", "VARIANTS", "Variant",
-    "ConvStemConfig", "VisionTransformer", "arch_record", "count_params",
+    "ConvStemConfig", "ResNetConfig", "VisionTransformer", "arch_record",
+    "count_params",
     "decode_variant", "feature_take_indices", "from_record", "get_model",
     "init_params",
     "pair", "variant_name",

@@ -19,6 +19,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from vit_jax.models import resnet as resnet_lib
 from vit_jax.models.vit import ConvStemConfig, VisionTransformer, pair
 
 # --------------------------------------------------------------------------- #
@@ -135,6 +136,8 @@ def get_model(name_or_arch: Union[str, Variant, Mapping[str, Any]],
     kwargs["conv_stem"] = tuple(
         c if isinstance(c, ConvStemConfig) else ConvStemConfig(*c)
         for c in kwargs["conv_stem"])
+  if kwargs.get("resnet") is not None:  # a record (JSON) or stage depths
+    kwargs["resnet"] = resnet_lib.as_config(kwargs["resnet"])
   for key in ("rope_ref_grid", "image_size", "naflex_grid"):  # JSON: lists
     if isinstance(kwargs.get(key), list):
       kwargs[key] = tuple(kwargs[key])
@@ -166,7 +169,10 @@ def from_record(name: str, fields: Mapping[str, Any],
 
 
 def variant_name(arch: Mapping[str, Any]) -> Optional[str]:
-  """Our name (``vit_b_16``) for an architecture of a standard size."""
+  """Our name (``vit_b_16``) for an architecture of a standard size
+  (None for a hybrid: a ResNet stem is no variant of ours)."""
+  if arch.get("resnet") is not None:
+    return None
   for size, (w, depth, heads, mlp) in SIZES.items():
     if (arch.get("hidden_size"), arch.get("num_layers"), arch.get("num_heads"),
         arch.get("mlp_dim")) == (w, depth, heads, mlp):
@@ -193,7 +199,8 @@ def init_params(model: VisionTransformer, image_size: int = 224, seed: int = 0):
 def arch_record(model) -> dict:
   """The architecture of ``model`` (a module, or a mapping of its fields)
   as JSON-able data: its :data:`ARCH_FIELDS`, a conv stem as
-  ``[out_channels, kernel_size, stride]`` lists. What a checkpoint stores
+  ``[out_channels, kernel_size, stride]`` lists, a ResNet stem as its
+  :meth:`~vit_jax.models.resnet.ResNetConfig.record`. What a checkpoint stores
   beside its weights; :func:`get_model` takes it back."""
   get = (model.get if isinstance(model, Mapping) else
          lambda k, d=None: getattr(model, k, d))
@@ -203,6 +210,8 @@ def arch_record(model) -> dict:
   if arch.get("conv_stem"):
     arch["conv_stem"] = [list(dataclasses.astuple(c)) if isinstance(
         c, ConvStemConfig) else list(c) for c in arch["conv_stem"]]
+  if arch.get("resnet") is not None:
+    arch["resnet"] = resnet_lib.as_config(arch["resnet"]).record()
   for key in ("rope_ref_grid", "naflex_grid"):
     if arch.get(key) is not None:
       arch[key] = list(arch[key])

@@ -62,7 +62,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from vit_jax.models import naflex as naflex_lib, rope as rope_lib
+from vit_jax.models import naflex as naflex_lib, resnet as resnet_lib
+from vit_jax.models import rope as rope_lib
 from vit_jax.models.layers import (  # noqa: F401  (re-exported building blocks)
     LN_EPS, NORMS, AddPositionEmbs, BlockConfig, Dense, Encoder, Encoder1DBlock,
     LayerNorm, MAPHead, MlpBlock, MultiHeadDotProductAttention, PatchEmbed, RMSNorm,
@@ -143,6 +144,15 @@ class VisionTransformer(nn.Module):
     conv_stem: torchvision's convolutional stem (``ConvStemConfig`` list)
       in place of the single patchify conv; its strides multiply to
       ``patch_size``.
+    resnet: the ViT paper's hybrid (R50+ViT-B/16 ...): a ResNet stem
+      (:class:`~vit_jax.models.resnet.ResNetConfig`: stage depths, width,
+      and the weight standardisation's and GroupNorm's constants) before
+      the patch embedding, which then convolves its feature map with
+      kernel ``patch_size // resnet.stride``. ``patch_size`` stays the
+      pixels per token (16 for R50+ViT-B/16: the stem's /16, 1x1 kernel).
+      Parameters ``conv_root``, ``gn_root``, ``block{s}/unit{u}/...`` at
+      the top of the tree, as Google's ``models_vit.VisionTransformer(
+      resnet=...)`` has them (see :mod:`vit_jax.models.resnet`).
     scan_layers: run the blocks with ``nn.scan`` (stacked parameters:
       compile time independent of depth).
     remat_policy: rematerialise each block in the backward pass (``'full'``,
@@ -247,6 +257,7 @@ class VisionTransformer(nn.Module):
   dtype: Dtype = jnp.float32
   param_dtype: Dtype = jnp.float32
   conv_stem: Optional[Sequence[ConvStemConfig]] = None
+  resnet: Optional[resnet_lib.ResNetConfig] = None
   scan_layers: bool = False
   remat_policy: Optional[str] = None
   sow_attention_weights: bool = False
@@ -336,12 +347,32 @@ class VisionTransformer(nn.Module):
         raise ValueError("naflex: a NaFlex model has a single patchify "
                          "layer and a learned position grid (no conv_stem, "
                          "abs_pos_embed=True)")
+    if self.resnet is not None:
+      self._check_resnet()
     if self.conv_stem:
       stride = int(np.prod([c.stride for c in self.conv_stem]))
       if stride != self.patch_size:
         raise ValueError(
             f"conv_stem strides multiply to {stride}, but patch_size is "
             f"{self.patch_size}: they must be equal")
+
+  def _check_resnet(self):
+    if not isinstance(self.resnet, resnet_lib.ResNetConfig):
+      raise TypeError(f"resnet: expected a vit_jax.models.resnet.ResNetConfig "
+                      f"(get_model also takes its dict or a tuple of stage "
+                      f"depths), got {type(self.resnet).__name__}")
+    clash = [k for k, on in (("conv_stem", self.conv_stem),
+                             ("naflex", self.naflex is not None),
+                             ("dynamic_img_pad", self.dynamic_img_pad)) if on]
+    if clash:
+      raise ValueError(f"resnet: a ResNet stem cannot be combined with "
+                       f"{', '.join(clash)}")
+    stride = self.resnet.stride
+    if self.patch_size % stride:
+      raise ValueError(
+          f"resnet: the stem reduces by {stride}, which does not divide "
+          f"patch_size={self.patch_size} (the pixels per token: the stem's "
+          f"reduction times the patch embedding's kernel)")
 
   def _check_images(self, images):
     shape = tuple(getattr(images, "shape", ()))
@@ -399,6 +430,13 @@ class VisionTransformer(nn.Module):
                        param_dtype=self.param_dtype)
           for _ in self.conv_stem]
       kernel = (1, 1)
+    elif self.resnet is not None:
+      # Google's parameter names at the top of our tree: the stem shares
+      # the ViT's scope.
+      self.resnet_stem = resnet_lib.ResNetStem(
+          config=self.resnet, dtype=self.dtype, param_dtype=self.param_dtype)
+      nn.share_scope(self, self.resnet_stem)
+      kernel = (self.patch_size // self.resnet.stride,) * 2
     else:
       kernel = (self.patch_size, self.patch_size)
     # The patchify convolution (1x1 after a stem), as one GEMM.
@@ -530,6 +568,8 @@ class VisionTransformer(nn.Module):
     if self.conv_stem:
       for conv, bn in zip(self.stem_convs, self.stem_bns):
         x = nn.relu(bn(conv(x), use_running_average=not train))
+    if self.resnet is not None:
+      x = self.resnet_stem(x)
     x = self.embedding(x)
     if self.patch_norm:
       x = self.embedding_norm(x)
@@ -580,7 +620,11 @@ class VisionTransformer(nn.Module):
       ``(final features, intermediates)``: the final features are
       :meth:`forward_features`'s (B, prefix + N, D) tokens; or the list of
       intermediates only. Works with ``scan_layers=True`` and with
-      ``dynamic_img_size`` (the grid is the input's). A NaFlex dict (whose
+      ``dynamic_img_size`` (the grid is the input's). A hybrid's (``resnet``)
+      intermediates are its transformer blocks' too, as timm's hybrid
+      ``forward_intermediates``: the ResNet stem's stages are not among
+      them (their output is the ``'stem'`` intermediate's input; the
+      patch embedding of it is sown as ``'stem'``). A NaFlex dict (whose
       images have grids of their own: ``output_fmt='NLC'`` only, as timm)
       gives :meth:`forward_features`' dict (the padded tokens and
       ``patch_valid``, which also marks the intermediates' padding).

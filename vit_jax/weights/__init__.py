@@ -45,7 +45,7 @@ import numpy as np
 
 from vit_jax import models
 from vit_jax.data import labels, preprocessing as pp
-from vit_jax.weights import build, files, google_npz, trees
+from vit_jax.weights import build, files, trees
 from vit_jax.weights.build import from_state_dict, from_tree, to_state_dict  # noqa: F401
 from vit_jax.weights.check import check, check_keys  # noqa: F401
 from vit_jax.weights.trees import arch_of  # noqa: F401
@@ -404,9 +404,7 @@ def _load(src: str, name, image_size, num_heads, overrides,
     return _load_orbax(src, name, image_size, overrides.get("patch_size"))
   ext = os.path.splitext(src)[1].lower()
   if ext == ".npz":
-    variables = google_npz.npz_to_tree(files.read_npz(src),
-                                       image_size=image_size)
-    model, variables = build.from_tree(variables, name, **kw)
+    model, variables = build.from_npz(files.read_npz(src), name, **kw)
     crop = trees.native_image_size(trees.unstack_layers(variables), model)
     pre = given or _from_name(name) or _assumed(
         src, pp.google(crop or 224), "Google's recipe for its .npz ViTs "

@@ -14,6 +14,7 @@ name (in the layout's own names), resample the position embedding for
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from typing import Any, Dict, Mapping, Optional, Tuple
 
@@ -47,18 +48,17 @@ def _refuse_unknown(layout: mapping.Layout, sd, unmatched) -> None:
   name; a few stray keys are left to the checker ("unexpected keys")."""
   bad = sorted({f"{k} ({what})" for k in unmatched
                 for pat, what in layout.unsupported if pat in k})
+  if bad:  # named first: a foreign CNN backbone has many keys of its own
+    raise ValueError(
+        f"This {layout.name} checkpoint uses features vit_jax's "
+        f"VisionTransformer does not have: " + "; ".join(bad[:8]) +
+        (f" and {len(bad) - 8} more" if len(bad) > 8 else "") + ".")
   if len(unmatched) > len(sd) // 2:
     raise ValueError(
         f"Not a {layout.name} VisionTransformer state dict (or one with parts "
         f"vit_jax does not know): {len(unmatched)} of its {len(sd)} keys are "
         f"no ViT parameter, e.g. {unmatched[:5]}. Is it another architecture "
         f"(Swin, BEiT, EVA, ConvNeXt, ResNet...)?")
-  if not bad:
-    return
-  raise ValueError(
-      f"This {layout.name} checkpoint uses features vit_jax's "
-      f"VisionTransformer does not have: " + "; ".join(bad[:8]) +
-      (f" and {len(bad) - 8} more" if len(bad) > 8 else "") + ".")
 
 
 # Layouts whose weights cannot show what only the timm name decides: the
@@ -91,10 +91,22 @@ def check_name(arch: Mapping[str, Any], name: str,
   """Raises if our variant ``name`` (``vit_b_16``, ``B/16``) describes
   another size than the weights' ``arch``, naming both. ``stated`` size
   fields (a custom-size checkpoint: ``num_layers=2``) replace the name's.
-  A timm name is not checked: it decides only what the keys cannot (the
-  activation, epsilon, heads); people build timm models at other depths
-  and resolutions under the same name."""
-  if layouts.parse_timm_name(name) is not None:
+  A timm name's sizes are not checked: it decides only what the keys
+  cannot (the activation, epsilon, heads); people build timm models at
+  other depths and resolutions under the same name. Any name is checked
+  for a ResNet stem: a hybrid's (``vit_base_r50_s16_224``) must have one,
+  the others none."""
+  parsed = layouts.parse_timm_name(name)
+  hybrid = bool(parsed and parsed["hybrid"])
+  has_stem = arch.get("resnet") is not None
+  if hybrid != has_stem:
+    what = ("a hybrid, with a ResNet stem before the patch embedding"
+            if hybrid else "a ViT without a ResNet stem")
+    raise ValueError(
+        f"{name} is {what}, but these weights have "
+        f"{'one (conv_root, block1/...)' if has_stem else 'none'}. They "
+        f"look like {trees.describe(arch)}.")
+  if parsed is not None:
     return
   name = str(name).split(".", 1)[0]  # vit_b_16.tv_in1k: weights of vit_b_16
   try:
@@ -184,7 +196,8 @@ def new_patch_size(arch: Mapping[str, Any], overrides) -> Optional[int]:
   patch_size=N)`` spelling), else None. A conv stem's patch size is its
   strides', so there ``patch_size`` only states them (and is checked)."""
   p = overrides.get("patch_size")
-  if p is None or arch.get("conv_stem") or int(p) == int(arch["patch_size"]):
+  if (p is None or arch.get("conv_stem") or arch.get("resnet") is not None
+      or int(p) == int(arch["patch_size"])):
     return None
   return int(p)
 
@@ -196,9 +209,10 @@ def resize_patch(model, variables, patch_size: int, image_size=None):
   (antialiased bicubic) to the patch grid of ``image_size`` (default: the
   resolution the weights were made for, e.g. a /16 224px checkpoint at
   ``patch_size=8`` runs 224px images on a 28x28 grid). Per-layer trees."""
-  if model.conv_stem:
-    raise ValueError("patch_size: a conv stem's patch size is fixed by its "
-                     "strides; only a single patchify conv can be resampled.")
+  if model.conv_stem or model.resnet is not None:
+    raise ValueError("patch_size: a conv (or ResNet) stem's patch size is "
+                     "fixed by its strides; only a single patchify conv can "
+                     "be resampled.")
   size = image_size or trees.native_image_size(variables, model)
   if size is None:
     raise ValueError(
@@ -222,7 +236,11 @@ def _arch(variables, name, overrides, hints, image_size_hint=None):
                            _named(name).get("patch_size")),
                        image_size=image_size_hint)
   for k, v in hints.items():
-    if k != "num_heads":
+    if "." in k:  # a field of a record: the ResNet stem's constants
+      field, sub = k.split(".", 1)
+      if arch.get(field) is not None:
+        arch[field] = dataclasses.replace(arch[field], **{sub: v})
+    elif k != "num_heads":
       arch[k] = v
   if arch.get("classifier") == "token":  # the class token is required: a
     arch["class_token"] = None  # tree without one is missing a key
@@ -442,9 +460,12 @@ def from_npz(arrays, name: Optional[str] = None, *, image_size=None,
              **overrides):
   """A Google ``.npz``'s arrays (vision_transformer or big_vision) ->
   (model, variables), after :mod:`~vit_jax.weights.google_npz`'s
-  fix-ups."""
+  fix-ups; a hybrid (R50+ViT) as Google's module computes it (its tanh
+  GELU unless ``act`` is given)."""
   from vit_jax.weights import google_npz  # pylint: disable=import-outside-toplevel
   variables = google_npz.npz_to_tree(arrays, image_size=image_size)
+  if google_npz.is_hybrid(variables):  # Google's module's function
+    overrides = {**google_npz.HYBRID_DEFAULTS, **overrides}
   return from_tree(variables, name, image_size=image_size, **overrides)
 
 

@@ -14,14 +14,21 @@ Reading (:func:`npz_to_tree`), in order:
    only, added before the class token is concatenated) becomes our
    ``posembed_input`` of a ``no_embed_class`` model, which computes the same
    function; a fixed ``sincos2d`` embedding (nothing stored) is computed.
+5. a hybrid's GroupNorm scales and biases stored (1, 1, 1, C) by flax
+   before 0.3.6 are squeezed to (C,), as vision_transformer's
+   ``checkpoint._fix_groupnorm``.
 
 Numerics: Google's models were trained with flax's default GELU (the tanh
 approximation). Loads use the exact GELU, as timm does for the same files
 (the two differ by less than 1e-3 per activation); pass ``act='gelu_tanh'``
 to :func:`vit_jax.weights.load` for big_vision's function exactly.
-ResNet hybrids (``conv_root``) are refused by name; big_vision's
-``pool_type='0'`` (first patch token) cannot be told from ``gap`` by the
-weights and loads as ``gap``.
+The ResNet hybrids (R50+ViT-B/16 ..., ``conv_root``) load as Google's
+``models_vit.VisionTransformer(resnet=...)`` computes them: its weight
+standardisation and GroupNorm constants (:data:`vit_jax.models.resnet.
+GOOGLE`; timm's differ, and no other library computes these files
+exactly) and its tanh GELU (:data:`HYBRID_DEFAULTS`; ``act='gelu'`` for
+timm's choice). big_vision's ``pool_type='0'`` (first patch token) cannot
+be told from ``gap`` by the weights and loads as ``gap``.
 """
 
 from __future__ import annotations
@@ -36,6 +43,9 @@ from vit_jax import models
 from vit_jax.weights import trees
 
 _MODULE_NUM = re.compile(r"^(.*)_(\d+)$")
+_GROUPNORM = re.compile(r"^gn(\d+|_root|_proj)$")
+# What a hybrid .npz loads with unless stated (Google's module's function).
+HYBRID_DEFAULTS = {"act": "gelu_tanh"}
 PREFIXES = ("", "opt/target/", "params/", "params/img/")
 _PRE_LINEN_BLOCK = {"LayerNorm_0": "LayerNorm_0",
                     "MultiHeadDotProductAttention_0": "MultiHeadDotProductAttention_1",
@@ -82,9 +92,6 @@ def _subtree(arrays: Mapping[str, Any]) -> dict:
                 None)
   if prefix is None:
     keys = list(arrays)
-    if any(k.endswith("conv_root/kernel") for k in keys):
-      raise ValueError("This is a ResNet+ViT hybrid (R50+ViT) checkpoint "
-                       "('conv_root'); only plain ViTs are supported.")
     raise ValueError(
         "Not a Google ViT checkpoint: no 'embedding/kernel' under any of the "
         f"prefixes {[p or '<none>' for p in PREFIXES]} (first keys: "
@@ -93,10 +100,30 @@ def _subtree(arrays: Mapping[str, Any]) -> dict:
                           for k, v in arrays.items() if k.startswith(prefix)})
 
 
+def _fix_groupnorm(tree):
+  """GroupNorm ``scale`` / ``bias`` of shape (1, 1, 1, C) -> (C,)."""
+  def fix(node, name=""):
+    if not isinstance(node, Mapping):
+      return node
+    out = {}
+    for k, v in node.items():
+      if (_GROUPNORM.match(name) and k in ("scale", "bias") and
+          not isinstance(v, Mapping) and np.ndim(v) == 4):
+        v = np.reshape(v, (-1,))
+      out[k] = fix(v, k)
+    return out
+  return fix(tree)
+
+
+def is_hybrid(variables) -> bool:
+  """Whether a tree (or variables) has a ResNet stem (``conv_root``)."""
+  return "conv_root" in trees.params_of(variables)
+
+
 def npz_to_tree(arrays: Mapping[str, Any], *, image_size=None) -> dict:
   """Flat '/'-keyed arrays of a Google ViT -> our variables. ``image_size``
   is needed only for big_vision's fixed ``sincos2d``."""
-  tree = convert_pre_linen(_subtree(arrays))
+  tree = _fix_groupnorm(convert_pre_linen(_subtree(arrays)))
   if not isinstance(tree.get("Transformer"), dict):
     raise ValueError("Not a ViT checkpoint: no 'Transformer' subtree")
   tree = trees.unstack_layers(tree)
@@ -128,6 +155,8 @@ def npz_to_params(arrays: Mapping[str, Any], *, image_size=None):
   plus ``image_size`` (the position embedding's resolution)."""
   variables = npz_to_tree(arrays, image_size=image_size)
   arch = trees.arch_of(variables)
+  if is_hybrid(variables):
+    arch.update(HYBRID_DEFAULTS)
   arch["image_size"] = trees.native_image_size(variables,
                                                models.get_model(arch))
   return variables, arch

@@ -16,6 +16,7 @@ from typing import Any, Dict, Mapping, Optional
 
 import numpy as np
 
+from vit_jax.models import resnet as resnet_lib
 from vit_jax.weights.mapping import (
     DENSE, GRID_ROWS, HEADS, HEADS_BIAS, LINEAR_PATCH, RAW, Layout, Repeat,
     Row, const, conv, dense, expand, fused_qkv, norm, out_proj, part,
@@ -163,14 +164,44 @@ _TIMM_POOL = (
     *dense("attn_pool.mlp.fc2.", MAP + "MlpBlock_0/Dense_1"),
 )
 
+# The hybrids' ResNet stem (timm's HybridEmbed around a ResNetV2 with
+# preact=False, or its stem alone) <-> Google's names at the top of our tree
+# (vit_jax.models.resnet). Google counts stages and units from 1.
+_BB = "patch_embed.backbone."
+_BB_UNIT = _BB + "stages.{s}.blocks.{u}."
+_UNIT = "params/block{s+1}/unit{u+1}/"
+_HAS_STAGES = _any("params/block1/")
+
+
+def _when(rows, when):
+  return tuple(dataclasses.replace(r, when=when) for r in rows)
+
+
+_TIMM_RESNET = (
+    # The root alone (vit_tiny_r_s16_p8) is the backbone itself.
+    *_when((*conv(_BB + "conv.", "params/conv_root")[:1],
+            *norm(_BB + "norm.", "params/gn_root")), _none("params/block1/")),
+    *_when((*conv(_BB + "stem.conv.", "params/conv_root")[:1],
+            *norm(_BB + "stem.norm.", "params/gn_root")), _HAS_STAGES),
+    Repeat((
+        *conv(_BB_UNIT + "downsample.conv.", _UNIT + "conv_proj")[:1],
+        *norm(_BB_UNIT + "downsample.norm.", _UNIT + "gn_proj"),
+        *(r for k in (1, 2, 3) for r in (
+            *conv(f"{_BB_UNIT}conv{k}.", f"{_UNIT}conv{k}")[:1],
+            *norm(f"{_BB_UNIT}norm{k}.", f"{_UNIT}gn{k}"))),
+    )),
+)
+
 # timm's VisionTransformer (and VisionTransformerDistilled): classic ViTs,
 # DeiT-III, DINOv2 (giant: a packed SwiGLU), CLIP, SigLIP, AIMv2 (RMSNorm,
-# split SwiGLU, no biases), RADIO, distilled DeiT.
+# split SwiGLU, no biases), RADIO, distilled DeiT, the R50+ViT hybrids
+# (whose stem computes with timm's constants: resnet_lib.TIMM).
 TIMM = Layout("timm", rows=(
     Row("cls_token", ("params/cls",)),
     Row("reg_token", ("params/registers",)),
     Row("pos_embed", (POS,)),
     Row("dist_token", ("params/dist",)),
+    *_TIMM_RESNET,
     *conv("patch_embed.proj.", "params/embedding"),
     *norm("patch_embed.norm.", "params/embedding_norm"),
     *norm("norm_pre.", "params/Transformer/pre_norm"),
@@ -191,9 +222,13 @@ TIMM = Layout("timm", rows=(
     *_TIMM_POOL,
     *dense("head.", "params/head"),
     *dense("head_dist.", "params/head_dist"),
-), aliases=((r"^module\.", ""),), resample="timm", unsupported=(
+), aliases=((r"^module\.", ""),), resample="timm",
+   fixed=tuple((f"resnet.{k}", v) for k, v in resnet_lib.TIMM.items()),
+   unsupported=(
     (".lambda_", "differential attention"),
-    ("patch_embed.backbone.", "a hybrid CNN backbone (R50+ViT)"),
+    ("patch_embed.backbone.", "a CNN backbone other than BiT's ResNetV2 stem "
+     "(timm's vit_*_resnet*d_* and vit_base_mci_*; the R50+ViT hybrids "
+     "vit_*_r50_* / _r26_* / vit_tiny_r_* load)"),
     ("attn_pool.pos_embed", "a position embedding in the attention pool"),
     (".attn.gate.", "gated attention"),
 ))
@@ -211,7 +246,7 @@ TIMM_NAFLEX = Layout("timm_naflex", rows=(
     *dense("embeds.proj.", "params/embedding", op=LINEAR_PATCH),
     *norm("embeds.norm.", "params/embedding_norm"),
     *(r for r in TIMM.rows
-      if isinstance(r, Repeat) or not r.theirs.startswith(
+      if not (r.rows[0] if isinstance(r, Repeat) else r).theirs.startswith(
           _TIMM_EMBEDDING_KEYS)),
 ), aliases=((r"^module\.", ""),), unsupported=(
     *TIMM.unsupported,
@@ -639,6 +674,12 @@ _TIMM_NAME = re.compile(
     r"eva02|aimv2)_"
     r"(?P<size>[a-z0-9]+?(?:_plus)?)(?P<distilled>_distilled)?"
     r"_patch(?P<patch>\d+)(?P<rest>_[a-z0-9_]*)?$")
+# The R50+ViT hybrids: vit_{size}_r{resnet depth}_s{stride}[_p{patch}]_{res}.
+# ``s`` is the pixels per token, except in vit_tiny_r_s16_p8: the ResNet
+# root's /4 with 8x8 patches is /32.
+_TIMM_HYBRID_NAME = re.compile(
+    r"^vit_(?P<size>tiny|small|base|large)_r(?P<resnet>\d*)_s(?P<stride>\d+)"
+    r"(?:_p(?P<patch>\d+))?_(?P<res>\d+)$")
 # Widths of a family's size where it is not timm's usual one.
 _FAMILY_WIDTHS = (
     (r"^vit_giant_patch14_(reg\d+_)?(dinov2|tipsv2)", 1536),
@@ -743,7 +784,8 @@ TIMM_PREPROCESSING = (
 
 def parse_timm_name(name: str) -> Optional[Dict[str, Any]]:
   """``vit_small_patch14_reg4_dinov2.lvd142m`` -> {family, size, width,
-  depth, patch_size, image_size, registers, base, resample}; None if it is
+  depth, patch_size, image_size, registers, base, resample, hybrid (a
+  ResNet stem: ``vit_base_r50_s16_224`` ...)}; None if it is
   not a timm ViT name. ``resample``: how a checkpoint's position embedding
   is resampled to another grid (``'timm'``, or RADIO's
   ``'radio'`` / ``'radio_ac'``)."""
@@ -752,7 +794,7 @@ def parse_timm_name(name: str) -> Optional[Dict[str, Any]]:
     return None
   m = _TIMM_NAME.match(base)
   if m is None:
-    return None
+    return _parse_hybrid_name(base)
   rest = m.group("rest") or ""
   res = re.search(r"_(\d+)$", rest)
   reg = re.search(r"_reg(\d+)", rest)
@@ -769,7 +811,21 @@ def parse_timm_name(name: str) -> Optional[Dict[str, Any]]:
   return dict(family=m.group("family"), size=size, width=width, depth=depth,
               patch_size=int(m.group("patch")), image_size=image_size,
               registers=int(reg.group(1)) if reg else 0, base=base,
-              distilled=bool(m.group("distilled")), resample=resample)
+              distilled=bool(m.group("distilled")), resample=resample,
+              hybrid=False)
+
+
+def _parse_hybrid_name(base: str) -> Optional[Dict[str, Any]]:
+  m = _TIMM_HYBRID_NAME.match(base)
+  if m is None:
+    return None
+  size = m.group("size")
+  width, depth = TIMM_SIZES[size]
+  patch = (4 * int(m.group("patch")) if m.group("patch")
+           else int(m.group("stride")))
+  return dict(family="vit", size=size, width=width, depth=depth,
+              patch_size=patch, image_size=int(m.group("res")), registers=0,
+              base=base, distilled=False, resample="timm", hybrid=True)
 
 
 # timm models of the same classes that vit_jax does not compute (yet): the

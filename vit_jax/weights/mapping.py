@@ -3,7 +3,8 @@
 A layout (:mod:`vit_jax.weights.layouts`) is a list of rows: *their key
 pattern*, *our path(s)*, and an :class:`Op` saying how the tensor maps
 (a torch Linear's transposed weight, a conv's OIHW kernel, q/k/v fused in
-one tensor, ...). Patterns hold ``{i}``-style placeholders for layer indices.
+one tensor, ...). Patterns hold ``{i}``-style placeholders for layer indices
+(``{s+1}``: the index plus one, where one side counts from 1).
 From the one table come both directions and the list of keys a model
 expects, so they cannot drift apart:
 
@@ -194,7 +195,9 @@ class Row:
 @dataclasses.dataclass(frozen=True)
 class Repeat:
   """Rows repeated for every index of a placeholder (the blocks): their
-  keys come out index by index, as in the library's ``state_dict()``."""
+  keys come out index by index, as in the library's ``state_dict()``
+  (several placeholders, e.g. a ResNet's ``{s}`` stage and ``{u}`` unit:
+  nested in the alphabetical order of their names)."""
 
   rows: Tuple[Row, ...]
 
@@ -277,27 +280,44 @@ def out_proj(theirs: str, ours: str) -> Tuple[Row, ...]:
 # The mapper.
 # --------------------------------------------------------------------------- #
 
-_PLACEHOLDER = re.compile(r"\{(\w+)\}")
+# ``{i}``: a layer index, the same number on both sides; ``{s+1}``: that
+# index plus an offset (Google counts ResNet stages and units from 1, timm
+# from 0).
+_PLACEHOLDER = re.compile(r"\{(\w+)(?:\+(\d+))?\}")
 
 
-def _regex(pattern: str) -> "re.Pattern":
-  parts, pos = [], 0
-  for m in _PLACEHOLDER.finditer(pattern):
-    parts.append(re.escape(pattern[pos:m.start()]))
-    parts.append(f"(?P<{m.group(1)}>\\d+)")
-    pos = m.end()
-  parts.append(re.escape(pattern[pos:]))
-  return re.compile("^" + "".join(parts) + "$")
+class _Pattern:
+  """A key pattern: ``match(key)`` -> the placeholders' indices (offsets
+  taken off; None when the key does not match)."""
+
+  def __init__(self, pattern: str):
+    parts, pos, self.offsets = [], 0, {}
+    for m in _PLACEHOLDER.finditer(pattern):
+      parts.append(re.escape(pattern[pos:m.start()]))
+      parts.append(f"(?P<{m.group(1)}>\\d+)")
+      self.offsets[m.group(1)] = int(m.group(2) or 0)
+      pos = m.end()
+    parts.append(re.escape(pattern[pos:]))
+    self.rx = re.compile("^" + "".join(parts) + "$")
+
+  def match(self, key: str) -> Optional[Dict[str, int]]:
+    m = self.rx.match(key)
+    if m is None:
+      return None
+    b = {k: int(v) - self.offsets[k] for k, v in m.groupdict().items()}
+    return None if any(v < 0 for v in b.values()) else b
 
 
-def _fill(pattern: str, bindings: Mapping[str, str]) -> str:
-  return _PLACEHOLDER.sub(lambda m: str(bindings[m.group(1)]), pattern)
+def _fill(pattern: str, bindings: Mapping[str, int]) -> str:
+  return _PLACEHOLDER.sub(
+      lambda m: str(int(bindings[m.group(1)]) + int(m.group(2) or 0)),
+      pattern)
 
 
 def unmatched(layout: Layout, keys) -> List[str]:
   """The keys no row of the layout claims."""
-  rxs = [_regex(r.theirs) for r in layout.flat_rows()]
-  return [k for k in keys if not any(rx.match(k) for rx in rxs)]
+  rxs = [_Pattern(r.theirs) for r in layout.flat_rows()]
+  return [k for k in keys if not any(rx.match(k) is not None for rx in rxs)]
 
 
 def canonical(layout: Layout, state_dict: Mapping[str, Any]) -> Dict[str, Any]:
@@ -330,14 +350,14 @@ def to_ours(layout: Layout, state_dict: Mapping[str, np.ndarray],
   (e.g. a fused q/k/v weight whose first axis is not divisible by 3) is left
   out; the checker then names it as mis-shaped, as it names a missing part
   of a tensor of ours."""
-  matchers = [(_regex(r.theirs), r) for r in layout.flat_rows()]
+  matchers = [(_Pattern(r.theirs), r) for r in layout.flat_rows()]
   flat: Dict[str, np.ndarray] = {}
   parts: Dict[str, Dict[int, np.ndarray]] = {}
   unmatched = []
   for key, value in state_dict.items():
     for rx, row in matchers:
       m = rx.match(key)
-      if m:
+      if m is not None:
         break
     else:
       unmatched.append(key)
@@ -349,7 +369,7 @@ def to_ours(layout: Layout, state_dict: Mapping[str, np.ndarray],
     except ValueError:
       continue
     for path, v in zip(row.ours, values):
-      path = _fill(path, m.groupdict())
+      path = _fill(path, m)
       if row.op.part is None:
         flat[path] = v
       else:
@@ -363,14 +383,12 @@ def to_ours(layout: Layout, state_dict: Mapping[str, np.ndarray],
 
 def _instances(row: Row, flat: Mapping[str, Any]):
   """Every binding of the row's placeholders whose our paths all exist."""
-  rx = _regex(row.ours[0])
+  rx = _Pattern(row.ours[0])
   found = []
   for key in flat:
-    m = rx.match(key)
-    if m:
-      b = m.groupdict()
-      if all(_fill(p, b) in flat for p in row.ours):
-        found.append(b)
+    b = rx.match(key)
+    if b is not None and all(_fill(p, b) in flat for p in row.ours):
+      found.append(b)
   return found
 
 

@@ -167,9 +167,11 @@ def arch_of(variables, *, conv_stem=None, patch_size=None,
   gated = ("split" if "Gate_0" in mlp_block else
            "packed" if mlp == 2 * mlp_in else None)
   emb = np.shape(p["embedding"]["kernel"])
+  resnet = resnet_of(p)
   arch: Dict[str, Any] = dict(
       hidden_size=int(emb[-1]), num_layers=depth, num_heads=int(q[1]),
-      mlp_dim=int(mlp_in), patch_size=int(emb[0]),
+      mlp_dim=int(mlp_in), resnet=resnet,
+      patch_size=int(emb[0]) * (resnet.stride if resnet else 1),
       qkv_bias="bias" in attn["query"],
       key_bias="bias" in attn["key"] or "bias" not in attn["query"],
       proj_bias="bias" in attn["out"],
@@ -255,6 +257,41 @@ def arch_of(variables, *, conv_stem=None, patch_size=None,
   return arch
 
 
+_STAGE = re.compile(r"^block(\d+)$")
+_UNIT = re.compile(r"^unit(\d+)$")
+
+
+def resnet_of(params) -> Optional["models.ResNetConfig"]:
+  """A hybrid's ResNet stem from its parameters (``conv_root``,
+  ``block{s}/unit{u}``), or None. The constants are Google's
+  (:data:`vit_jax.models.resnet.GOOGLE`): our tree is Google's, so a tree
+  with nothing else said is its module's; a layout of another library
+  states its own (timm's table: ``fixed``)."""
+  if "conv_root" not in params:
+    return None
+  kernel = params["conv_root"].get("kernel")
+  # (A damaged kernel is the checker's to report, by name.)
+  width = int(np.shape(kernel)[-1]) if np.ndim(kernel) == 4 else 64
+  stages = sorted(int(_STAGE.match(k).group(1)) for k in params
+                  if _STAGE.match(k))
+  if stages != list(range(1, len(stages) + 1)):
+    raise ValueError(f"A ResNet stem's stages are block1, block2, ...; this "
+                     f"tree has {['block%d' % s for s in stages]}")
+  depths = []
+  for s in stages:
+    units = sorted(int(_UNIT.match(k).group(1))
+                   for k in params[f"block{s}"] if _UNIT.match(k))
+    if not units or units != list(range(1, len(units) + 1)):
+      raise ValueError(f"block{s}: a ResNet stage's units are unit1, unit2, "
+                       f"...; it has {sorted(params[f'block{s}'])}")
+    depths.append(len(units))
+  factor = width / 64
+  return models.ResNetConfig(
+      num_layers=tuple(depths),
+      width_factor=int(factor) if factor == int(factor) else factor,
+      **models.resnet.GOOGLE)
+
+
 def native_image_size(variables, model) -> Optional[int]:
   """The square input size the position embedding was made for (None when
   its patch rows do not form a square, or there is none)."""
@@ -321,6 +358,10 @@ def describe(arch: Mapping[str, Any], name: Optional[str] = None,
            f"patch {arch.get('patch_size')}"]
   if arch.get("conv_stem"):
     parts.append(f"conv stem of {len(arch['conv_stem'])} layers")
+  if arch.get("resnet"):
+    r = models.resnet.as_config(arch["resnet"])
+    parts.append(f"ResNet stem {tuple(r.num_layers)}" if r.num_layers
+                 else "ResNet root block")
   if arch.get("classifier", "token") != "token":
     parts.append(f"classifier {arch['classifier']!r}")
   for key, what in (("num_registers", "registers"),):

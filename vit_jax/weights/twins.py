@@ -5,7 +5,8 @@ The ONNX export traces the twin (:mod:`vit_jax.export.onnx`), and
 :func:`vit_jax.convert.to_torchvision_model` hands it to users. timm's twin
 is the class the tree belongs to: ``VisionTransformer`` (classic ViTs,
 DeiT-III, DINOv2 incl. its giant's packed SwiGLU, CLIP, SigLIP, AIMv2,
-RADIO), ``VisionTransformerDistilled`` (DeiT with a distillation token) or
+RADIO; the R50+ViT hybrids with a ``HybridEmbed``),
+``VisionTransformerDistilled`` (DeiT with a distillation token) or
 ``Eva`` (DINOv3, EVA-02, Perception Encoder). torch,
 torchvision and timm are imported here only (after TensorFlow too:
 :func:`vit_jax.weights.files.torch_after_tensorflow`).
@@ -97,9 +98,59 @@ def timm_model(model, variables, image_size=None):
         f"{model.patch_bias}, pre_norm={model.pre_norm}.")
   net = (_eva(model, image_size) if kind == "eva" else
          _vit(model, image_size, distilled=kind == "distilled"))
-  net.load_state_dict(saving.to_torch(saving.to_state_dict(variables, "timm")),
-                      strict=True)
+  sd = saving.to_state_dict(variables, "timm")
+  if model.resnet is not None and not model.resnet.std_eps_in_sqrt:
+    sd = _as_timm_standardisation(sd, model.resnet.std_eps)
+  net.load_state_dict(saving.to_torch(sd), strict=True)
   return net.eval()
+
+
+# The weight-standardisation epsilon of a twin whose model divides by
+# std + eps (Google's); see _as_timm_standardisation.
+_TWIN_STD_EPS = 1e-8
+
+
+def _as_timm_standardisation(sd, eps):
+  """Conv kernels that timm's ``StdConv2dSame`` (``(w - mean) / sqrt(var +
+  e)``, e = ``_TWIN_STD_EPS``) standardises to exactly what Google's
+  ``(w - mean) / (std + eps)`` gives: ``c * (w - mean)`` per output channel
+  with ``c**2 = e / (2 * std * eps + eps**2)`` (then ``c * (std + eps) =
+  sqrt(c**2 * std**2 + e)``)."""
+  import numpy as np  # pylint: disable=import-outside-toplevel
+  out = dict(sd)
+  for k, w in sd.items():
+    if not (k.startswith("patch_embed.backbone.") and k.endswith(".weight")
+            and np.ndim(w) == 4):
+      continue
+    w = np.asarray(w, np.float64)
+    centred = w - w.mean(axis=(1, 2, 3), keepdims=True)
+    std = np.sqrt((centred ** 2).mean(axis=(1, 2, 3), keepdims=True))
+    c = np.sqrt(_TWIN_STD_EPS / (2 * std * eps + eps ** 2))
+    out[k] = (c * centred).astype(np.float32)
+  return out
+
+
+def _hybrid_embed(model):
+  """timm's ``HybridEmbed`` around the ResNet stem of ``model`` (as
+  ``vision_transformer_hybrid._resnetv2`` builds it, with the model's
+  GroupNorm epsilon and, for timm's own standardisation, its epsilon)."""
+  from timm.layers import GroupNormAct, HybridEmbed, StdConv2dSame  # pylint: disable=import-outside-toplevel
+  from timm.models.resnetv2 import ResNetV2, create_resnetv2_stem  # pylint: disable=import-outside-toplevel
+
+  r = model.resnet
+  conv = functools.partial(
+      StdConv2dSame, eps=r.std_eps if r.std_eps_in_sqrt else _TWIN_STD_EPS)
+  norm = functools.partial(GroupNormAct, num_groups=32, eps=r.gn_eps)
+  if r.num_layers:
+    backbone = ResNetV2(layers=r.num_layers, width_factor=r.width_factor,
+                        num_classes=0, global_pool="",
+                        in_chans=model.num_channels, preact=False,
+                        stem_type="same", conv_layer=conv, norm_layer=norm)
+  else:
+    backbone = create_resnetv2_stem(model.num_channels, out_chs=r.width,
+                                    stem_type="same", preact=False,
+                                    conv_layer=conv, norm_layer=norm)
+  return functools.partial(HybridEmbed, backbone=backbone)
 
 
 def _vit(model, image_size, distilled: bool):
@@ -142,6 +193,9 @@ def _vit(model, image_size, distilled: bool):
       raise NoTwin("timm's post-norm block (ResPostBlock) has no LayerScale.")
     from timm.models.vision_transformer import ResPostBlock  # pylint: disable=import-outside-toplevel
     kw.update(block_fn=ResPostBlock, init_values=None)
+  if m.resnet is not None:  # the R50+ViT hybrids
+    kw.update(embed_layer=_hybrid_embed(m),
+              patch_size=m.patch_size // m.resnet.stride)
   if distilled:
     return VisionTransformerDistilled(**kw)
   return VisionTransformer(**kw)
@@ -200,7 +254,11 @@ def _eva(model, image_size):
 
 def torch_model(model, variables, image_size: Optional[int] = None):
   """The twin that holds ``model``: torchvision's for a conv stem or a
-  representation layer (timm has neither), else timm's."""
+  representation layer (timm has neither), else timm's (a ResNet stem:
+  its hybrid)."""
+  if model.resnet is not None and model.representation_size:
+    raise NoTwin("timm's hybrid ViT has no representation layer "
+                 "(pre_logits), and torchvision has no hybrid.")
   if model.conv_stem or model.representation_size:
     if model.classifier != "token":
       raise NoTwin(
