@@ -119,9 +119,10 @@ params_to_npz.__doc__ = google_npz.tree_to_npz.__doc__
 
 def load_npz(path: str, name: Optional[str] = None, *, image_size=None,
              **model_overrides):
-  """A Google ``.npz`` ViT (vision_transformer or big_vision) ->
-  ``(model, variables)``. ``name`` (optional) is checked against the weights;
-  ``image_size`` resamples the position embedding."""
+  """A Google ``.npz`` ViT (vision_transformer or big_vision; an R50+ViT
+  hybrid as Google's module computes it) -> ``(model, variables)``.
+  ``name`` (optional) is checked against the weights; ``image_size``
+  resamples the position embedding."""
   return build.from_npz(files.read_npz(path), name, image_size=image_size,
                         **model_overrides)
 

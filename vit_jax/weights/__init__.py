@@ -10,7 +10,8 @@
 * a ``.pth`` / ``.pt`` / ``.bin`` state dict of torchvision's, timm's or
   transformers' ViT (``torch.load(weights_only=True)``: no pickled code
   runs);
-* a Google ``.npz`` (vision_transformer / big_vision; ``allow_pickle=False``);
+* a Google ``.npz`` (vision_transformer / big_vision, the R50+ViT hybrids
+  included; ``allow_pickle=False``);
 * a ``.safetensors`` file (ours, timm's, torchvision's or transformers'
   layout);
 * a Hugging Face model directory (``config.json`` + ``model.safetensors``:
