@@ -135,6 +135,40 @@ def is_name(name: str) -> bool:
       base in _timm_archs.ARCHS or base in _DEFAULT))
 
 
+def _is_variant(base: str) -> bool:
+  """Ours: ``vit_{size}_{patch}`` or big_vision's ``B/16``."""
+  from vit_jax import models  # pylint: disable=import-outside-toplevel
+  try:
+    models.decode_variant(base)
+  except ValueError:
+    return False
+  return True
+
+
+def check_known(name: str) -> None:
+  """Raises :class:`UnknownName` unless ``name`` is a model name vit_jax
+  knows: an architecture (ours, ``vit_b_16`` / ``B/16``, or timm's) with,
+  optionally, one of its pretrained tags (``.lvd1689m``), as timm's
+  ``create_model`` refuses an invalid tag with or without ``pretrained``.
+  The message lists the close names, or the architecture's tags."""
+  name = str(name)
+  base, _, tag = name.partition(".")
+  if not (base in _timm_archs.ARCHS or base in _DEFAULT or _is_variant(base)):
+    close = difflib.get_close_matches(base, architectures(), n=5, cutoff=0.6)
+    raise UnknownName(
+        f"{name!r} is not a model name vit_jax knows"
+        + (f" (did you mean {', '.join(close)}?)" if close else "")
+        + "; vit_jax.list_models('*pattern*') lists the architectures, "
+          "vit_jax.list_models(pretrained=True) their tags.")
+  if tag and name not in _RECORDS:
+    tags = sorted(n for n in _RECORDS if n.startswith(base + "."))
+    close = difflib.get_close_matches(name, tags, n=3, cutoff=0.6)
+    raise UnknownName(
+        f"{name!r}: invalid pretrained tag {tag!r} for {base}"
+        + (f" (did you mean {', '.join(close)}?)" if close else "")
+        + f"; its tags: {', '.join(tags) or 'none (no released weights)'}.")
+
+
 def lookup(name: str) -> Pretrained:
   """The record of ``architecture.tag``, or of an architecture's default
   tag; an :class:`UnknownName` error suggests the closest names."""
@@ -229,7 +263,8 @@ def _timm_architectures(patterns: Sequence[str] = FAMILY_PATTERNS):
     sd = {k: np.broadcast_to(np.float32(0), tuple(v.shape))
           for k, v in m.state_dict().items()}
     try:
-      model, _ = build.from_state_dict(sd, name, layout="timm")
+      with build.names_from_timm():  # not in the tables yet, maybe
+        model, _ = build.from_state_dict(sd, name, layout="timm")
     except ValueError:
       continue  # a feature vit_jax does not map: not listed
     arch = models.arch_record(model)
