@@ -34,7 +34,7 @@ import numpy as np
 
 from vit_jax import models, weights
 from vit_jax.data import preprocessing as pp
-from vit_jax.weights import build, files, layouts, pretrained, trees
+from vit_jax.weights import build, files, layouts, names, pretrained, trees
 from vit_jax.weights.check import check_keys
 
 # VisionTransformer fields a training config sets even when the weights give
@@ -115,25 +115,22 @@ def _cause(e: BaseException, kind) -> Optional[BaseException]:
   return None
 
 
-def _is_variant(name: str) -> bool:
+def _variant(name: str) -> bool:
   """Ours (``vit_ti_4``, ``B/16``): a name that is only sizes."""
-  try:
-    models.decode_variant(name.split(".", 1)[0])
-  except ValueError:
-    return False
-  return True
+  return names.is_variant(name.split(".", 1)[0])
 
 
 def _known(name: str) -> bool:
   try:
     pretrained.check_known(name)
-  except pretrained.UnknownName:
+  except ValueError:  # unknown, or a timm model vit_jax does not compute
     return False
   return True
 
 
 def _sizes(fields: Dict[str, Any]) -> str:
-  return ", ".join(f"{_SAY[k]} {v}" for k, v in fields.items())
+  return ", ".join(f"{_SAY.get(k, k)} {v!r}" if isinstance(v, str) else
+                   f"{_SAY.get(k, k)} {v}" for k, v in fields.items())
 
 
 def load_initial_weights(config, stated=()) -> Optional[InitialWeights]:
@@ -193,18 +190,22 @@ def load_initial_weights(config, stated=()) -> Optional[InitialWeights]:
     loaded.info.setdefault("model_name", name)
     return loaded
 
+  # torchvision's releases are only found by the variant's name: the
+  # recipe's (configs/b16.py: vit_b_16) is theirs unless one is given.
+  base_name = given_name
+  if source.startswith("torchvision:") and base_name is None:
+    base_name, recipe_name = config.model_name, None
   loaded, used_recipe = None, False
   if recipe_name is not None or recipe:
     # The recipe's model, if it is these weights': its sizes are checked
     # against them (and give what they do not store: the heads), but its
     # patch size is compared after, not resampled to. Our variant names are
     # only sizes (vit_ti_4: Ti's, patch 4), under the recipe's own.
-    name, sizes = given_name or recipe_name, dict(recipe)
-    if name is not None and _is_variant(name) and not source.startswith(
-        "torchvision:"):
+    name, sizes = base_name or recipe_name, dict(recipe)
+    if name is not None and _variant(name):
       sizes = dict(models.decode_variant(name.split(".", 1)[0]).as_kwargs(),
                    **sizes)
-      name = given_name
+      name = base_name
     patch = sizes.pop("patch_size", None)
     try:
       loaded = attempt(name, dict(sizes, **given))
@@ -215,16 +216,16 @@ def load_initial_weights(config, stated=()) -> Optional[InitialWeights]:
       loaded = None  # a recipe for another model
     used_recipe = loaded is not None
     if used_recipe:
-      loaded.info["model_name"] = given_name or recipe_name
-  if loaded is None and recipe_name is not None and not _is_variant(
-      recipe_name) and recipe:
+      loaded.info["model_name"] = base_name or recipe_name
+  if (loaded is None and recipe_name is not None and recipe and
+      not _variant(recipe_name)):
     try:  # the recipe's timm name fits, its sizes do not (another depth)
       loaded = attempt(recipe_name, given)
     except weights.CheckpointError:
       loaded = None
   if loaded is None:
     try:
-      loaded = attempt(given_name, given)
+      loaded = attempt(base_name, given)
     except weights.CheckpointError as e:
       raise weights.CheckpointError(
           f"{e}{_what_to_pass(e, config, given_name, recipe)}") from e
@@ -235,15 +236,14 @@ def load_initial_weights(config, stated=()) -> Optional[InitialWeights]:
           f"--config.model.{k}={v} but the initial weights {source!r} have "
           f"{k}={arch[k]} ({loaded.description}). The weights decide the "
           f"architecture: drop the override or use other weights.")
-  for k in config.model:
-    if (f"model.{k}" in stated and k in models.ARCH_FIELDS and k not in _SIZES
-        and not (k == "classifier" and arch["classifier"] == "unpooled")
-        and config.model[k] != arch.get(k)):
-      raise ValueError(
-          f"--config.model.{k}={config.model[k]!r} but the initial weights "
-          f"{source!r} have {k}={arch.get(k)!r} ({loaded.description}). The "
-          f"weights decide the architecture: drop the override or use other "
-          f"weights.")
+  # Other model fields given (the pooling: a class-token model pooled by
+  # 'gap' or 'token'): applied; the weights must still fit the model
+  # (initial_variables checks every key).
+  options = {k: config.model[k] for k in config.model
+             if f"model.{k}" in stated and k in models.ARCH_FIELDS
+             and k not in _SIZES and config.model[k] != arch.get(k)}
+  arch.update(options)
+  given = dict(given, **options)
   name = (rec.architecture if named else loaded.info.get("model_name") or
           models.variant_name(arch) or "vit")
   variables = trees.unstack_layers(trees.wrap(

@@ -23,7 +23,7 @@ import numpy as np
 
 from vit_jax import models
 from vit_jax.models import _timm_archs
-from vit_jax.weights import check, layouts, mapping, posemb, trees
+from vit_jax.weights import check, layouts, mapping, names, posemb, trees
 
 # Architecture fields a caller may state about a checkpoint (they are checked
 # against the weights) as opposed to options of how to run it.
@@ -107,13 +107,12 @@ def names_from_timm():
 
 
 def check_known(name: str) -> None:
-  """A ValueError (:class:`~vit_jax.weights.pretrained.UnknownName`) for a
+  """A ValueError (:class:`~vit_jax.weights.names.UnknownName`) for a
   name vit_jax does not know (a misspelt architecture or tag), naming the
   close ones."""
   if _FROM_TIMM and layouts.parse_timm_name(name) is not None:
     return
-  from vit_jax.weights import pretrained  # pylint: disable=import-outside-toplevel
-  pretrained.check_known(name)
+  names.check_known(name)
 
 
 def _has_class_token(a):
@@ -170,7 +169,8 @@ def _say(what, value) -> str:
   if value is True:
     return what
   if value is False or value == "none":
-    return f"no {what.split(' ', 1)[1] if what.startswith('a ') else what}"
+    article = what.split(" ", 1)[0] in ("a", "an")
+    return f"no {what.split(' ', 1)[1] if article else what}"
   return f"{what} {value!r}" if isinstance(value, str) else f"{value} {what}"
 
 
@@ -227,7 +227,7 @@ def check_name(arch: Mapping[str, Any], name: str,
   RoPE), and those are compared too."""
   check_known(name)
   base = str(name).split(".", 1)[0]  # vit_b_16.tv_in1k: weights of vit_b_16
-  if layouts.parse_timm_name(name) is not None and not _is_ours(base):
+  if layouts.parse_timm_name(name) is not None and not names.is_variant(base):
     if not _FROM_TIMM and base in _timm_archs.ARCHS:
       _check_timm_name(arch, base, recorded)
     return
@@ -240,14 +240,6 @@ def check_name(arch: Mapping[str, Any], name: str,
     raise NameMismatch(
         f"The checkpoint is not a {base}: it has {', '.join(diff)}. It looks "
         f"like {trees.describe(arch)}; pass that variant instead.", want)
-
-
-def _is_ours(base: str) -> bool:
-  try:
-    models.decode_variant(base)
-  except ValueError:
-    return False
-  return True
 
 
 class StatedMismatch(ValueError):

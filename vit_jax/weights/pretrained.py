@@ -31,25 +31,8 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 from vit_jax.data import preprocessing as pp
 from vit_jax.models import _timm_archs
 from vit_jax.weights import _pretrained_cfgs
-
-# torchvision's released ViT weights, under timm-style tags (the enum's
-# preprocessing is read from torchvision when they are loaded).
-TORCHVISION = {
-    "vit_b_16.tv_in1k": "IMAGENET1K_V1",
-    "vit_b_16.tv_swag_e2e_in1k": "IMAGENET1K_SWAG_E2E_V1",
-    "vit_b_16.tv_swag_linear_in1k": "IMAGENET1K_SWAG_LINEAR_V1",
-    "vit_b_32.tv_in1k": "IMAGENET1K_V1",
-    "vit_l_16.tv_in1k": "IMAGENET1K_V1",
-    "vit_l_16.tv_swag_e2e_in1k": "IMAGENET1K_SWAG_E2E_V1",
-    "vit_l_16.tv_swag_linear_in1k": "IMAGENET1K_SWAG_LINEAR_V1",
-    "vit_l_32.tv_in1k": "IMAGENET1K_V1",
-    "vit_h_14.tv_swag_e2e_in1k": "IMAGENET1K_SWAG_E2E_V1",
-    "vit_h_14.tv_swag_linear_in1k": "IMAGENET1K_SWAG_LINEAR_V1",
-}
-
-
-class UnknownName(ValueError):
-  """A name that is neither an architecture nor a pretrained tag."""
+from vit_jax.weights.names import (  # noqa: F401  (the names' room)
+    TORCHVISION, UnknownName, architectures, check_known)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -122,51 +105,11 @@ for _name in _RECORDS:
   _DEFAULT.setdefault(_name.split(".", 1)[0], _name)
 
 
-def architectures() -> List[str]:
-  """Every architecture name vit_jax builds from a timm name (and ours)."""
-  from vit_jax import models  # pylint: disable=import-outside-toplevel
-  return sorted(set(_timm_archs.ARCHS) | set(models.VARIANTS))
-
-
 def is_name(name: str) -> bool:
   """Whether ``name`` is a known architecture or ``architecture.tag``."""
   base = str(name).split(".", 1)[0]
   return name in _RECORDS or (("." not in name) and (
       base in _timm_archs.ARCHS or base in _DEFAULT))
-
-
-def _is_variant(base: str) -> bool:
-  """Ours: ``vit_{size}_{patch}`` or big_vision's ``B/16``."""
-  from vit_jax import models  # pylint: disable=import-outside-toplevel
-  try:
-    models.decode_variant(base)
-  except ValueError:
-    return False
-  return True
-
-
-def check_known(name: str) -> None:
-  """Raises :class:`UnknownName` unless ``name`` is a model name vit_jax
-  knows: an architecture (ours, ``vit_b_16`` / ``B/16``, or timm's) with,
-  optionally, one of its pretrained tags (``.lvd1689m``), as timm's
-  ``create_model`` refuses an invalid tag with or without ``pretrained``.
-  The message lists the close names, or the architecture's tags."""
-  name = str(name)
-  base, _, tag = name.partition(".")
-  if not (base in _timm_archs.ARCHS or base in _DEFAULT or _is_variant(base)):
-    close = difflib.get_close_matches(base, architectures(), n=5, cutoff=0.6)
-    raise UnknownName(
-        f"{name!r} is not a model name vit_jax knows"
-        + (f" (did you mean {', '.join(close)}?)" if close else "")
-        + "; vit_jax.list_models('*pattern*') lists the architectures, "
-          "vit_jax.list_models(pretrained=True) their tags.")
-  if tag and name not in _RECORDS:
-    tags = sorted(n for n in _RECORDS if n.startswith(base + "."))
-    close = difflib.get_close_matches(name, tags, n=3, cutoff=0.6)
-    raise UnknownName(
-        f"{name!r}: invalid pretrained tag {tag!r} for {base}"
-        + (f" (did you mean {', '.join(close)}?)" if close else "")
-        + f"; its tags: {', '.join(tags) or 'none (no released weights)'}.")
 
 
 def lookup(name: str) -> Pretrained:
