@@ -195,9 +195,10 @@ def test_dinov3_recipe_on_random_stand_in_weights(tmp_path):
   # The workdir exports (no position embedding: the run's image size, or
   # the size asked), each artifact verified in its runtime.
   from vit_jax import export  # pylint: disable=import-outside-toplevel
-  for fmt, size in (("stablehlo", None), ("onnx", 48)):
+  assert export.servable(str(tmp_path / "run")).image_size == 32
+  for fmt, size in (("stablehlo", 64), ("onnx", 48)):
     s = export.servable(str(tmp_path / "run"), image_size=size)
-    assert s.image_size == (size or 32)
+    assert s.image_size == size and s.preprocessing.crop_size == size
     out = export.export(s, fmt, str(tmp_path / f"run.{fmt}"))
     assert float(export.verify(s, fmt, out)) < 1e-5, fmt
 

@@ -295,7 +295,8 @@ def _note(config, source, loaded, arch, given, recipe, given_name,
                    f"/ --config.model.<size> on the command line state it)")
   if given:
     parts.append(f"as given: {_sizes(given)}" + (
-        " (the patch-embedding kernel resampled to it, FlexiViT)"
+        " (the patch-embedding kernel resampled to it where the weights' "
+        "differs, FlexiViT)"
         if "patch_size" in given else ""))
   grid = int(config.image_size) // int(arch["patch_size"])
   pos = ("rotary positions, any size" if not arch.get("abs_pos_embed", True)

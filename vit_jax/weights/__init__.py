@@ -29,7 +29,9 @@ description. Rooms: :mod:`~vit_jax.weights.files` (reading files and hubs),
 :mod:`~vit_jax.weights.google_npz` (Google's fix-ups),
 :mod:`~vit_jax.weights.build` (-> model), :mod:`~vit_jax.weights.check`
 (the one checker), :mod:`~vit_jax.weights.posemb` (resampling),
-:mod:`~vit_jax.weights.trees` (our tree as data).
+:mod:`~vit_jax.weights.trees` (our tree as data),
+:mod:`~vit_jax.weights.names` (the names vit_jax knows, checked where they
+are typed), :mod:`~vit_jax.weights.pretrained` (the records of the tags).
 """
 
 from __future__ import annotations
