@@ -186,7 +186,12 @@ def main(argv):
       import tensorflow as tf  # pylint: disable=import-outside-toplevel
       tf.config.set_visible_devices([], "GPU")  # tf.data only; JAX owns GPUs
     from vit_jax.train import loop as train_loop  # pylint: disable=import-outside-toplevel
-    result = train_loop.train_and_evaluate(_CONFIG.value, _WORKDIR.value)
+    # The fields set on this command line: fine-tuning, the weights decide
+    # the architecture, and only the model fields given here are applied
+    # over them (or refused); the recipe's are used where they fit.
+    stated = sorted(config_flags.get_override_values(flags.FLAGS["config"]))
+    result = train_loop.train_and_evaluate(_CONFIG.value, _WORKDIR.value,
+                                           stated=stated)
   except KeyboardInterrupt:
     # A second Ctrl-C (the first asks for a checkpoint after the step), or
     # one before the loop: one line, no traceback. A save in flight is left

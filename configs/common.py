@@ -58,6 +58,17 @@ def get_config() -> ml_collections.ConfigDict:
   # ---------------------------------------------------------------- model
   c.model_name = "vit_b_16"  # vit_{ti,s,b,l,h}_{patch}
   c.model = ml_collections.ConfigDict()
+  # Sizes; None: the model_name's. Fine-tuning (init_weights), the weights
+  # decide the architecture: a recipe's model_name and sizes are used only
+  # where they describe the weights. Set on the command line they are
+  # applied: patch_size resamples the patch embedding (FlexiViT), num_heads
+  # gives the heads weights do not store (a custom width); a size the
+  # weights contradict is refused, naming both.
+  c.model.patch_size = config_dict.placeholder(int)
+  c.model.hidden_size = config_dict.placeholder(int)
+  c.model.num_layers = config_dict.placeholder(int)
+  c.model.num_heads = config_dict.placeholder(int)
+  c.model.mlp_dim = config_dict.placeholder(int)
   c.model.dtype = "float32"  # compute dtype; 'bfloat16' for mixed precision
   c.model.dropout_rate = 0.0
   c.model.attention_dropout_rate = 0.0
@@ -72,8 +83,11 @@ def get_config() -> ml_collections.ConfigDict:
   # XLA elsewhere, the matmul kernel on CPU); or 'matmul' | 'xla' | 'cudnn'.
   c.model.attention_impl = config_dict.placeholder(str)
 
-  # Initial weights: '' = from scratch; a torchvision weights name
-  # ('IMAGENET1K_V1') or a local .pth state dict (same architecture).
+  # Initial weights: '' = from scratch; anything vit_jax.weights.load reads
+  # (a .pth / .safetensors / .npz file, a Hugging Face directory,
+  # hf-hub:org/name, a workdir, a pretrained name, a torchvision weights
+  # name such as 'IMAGENET1K_V1'). They decide the architecture (and, unless
+  # pp.mean / pp.std are set, the normalisation); see the model sizes above.
   c.init_weights = ""
   c.reset_head = True  # fresh zero head for fine-tuning (always if classes differ)
 

@@ -34,7 +34,9 @@ def get_config():
   c.pp.eval_crop_fraction = 1.0  # eval: plain resize 8 -> 16
 
   # A ViT much smaller than Ti: width 96, depth 4, 4 heads, 4x4 patches.
-  # Every size is stated, so the name is only the run's label.
+  # Every size is stated, so the name is only the run's label. Fine-tuning
+  # (--config.init_weights=FILE) the weights decide the model instead; these
+  # are not used (the run says so at start).
   c.model_name = "vit_digits_4"
   c.model.patch_size = 4
   c.model.hidden_size = 96

@@ -77,3 +77,54 @@ def test_a_missing_dataset_names_the_tools_own_flags(tmp_path, monkeypatch,
                         "--no-download"]) == 1
   err = capsys.readouterr().err
   assert "--no-download was given" in err and "--config." not in err, err
+
+
+@pytest.fixture(scope="module")
+def tiny_ckpt(tmp_path_factory):
+  """Our safetensors of a classic ViT (its architecture recorded)."""
+  from compare import random_ours  # pylint: disable=import-outside-toplevel
+  from vit_jax import formats  # pylint: disable=import-outside-toplevel
+  from PIL import Image  # pylint: disable=import-outside-toplevel
+  import numpy as np  # pylint: disable=import-outside-toplevel
+  d = tmp_path_factory.mktemp("names")
+  model, variables = random_ours(num_layers=1, size=32)
+  formats.save_safetensors(variables, str(d / "w.safetensors"), model=model)
+  Image.fromarray(np.zeros((32, 32, 3), np.uint8)).save(d / "x.png")
+  return d
+
+
+# Names checked where they are typed, in every tool that takes --model: a
+# misspelt architecture (the close names), a misspelt tag (the tags), a
+# known name of another architecture (the difference).
+BAD_MODELS = [
+    ("vit_small_patch16_dinov33", r"not a model name vit_jax knows \(did you "
+                                  r"mean vit_small_patch16_dinov3"),
+    ("vit_small_patch16_dinov3.lvd1689", r"invalid pretrained tag 'lvd1689'"
+                                         r".*vit_small_patch16_dinov3.lvd1689m"),
+    ("vit_small_patch16_dinov3", r"not a vit_small_patch16_dinov3: they have "
+                                 r"0 registers \(the name: 4 registers\)"),
+]
+TOOLS = {
+    "predict": lambda d: (predict.main, [str(d / "x.png")]),
+    "evaluate": lambda d: (evaluate.main, ["--dataset", "cifar10",
+                                           "--data-dir", str(d / "tfds")]),
+    "visualize": lambda d: (visualize.main, [str(d / "x.png"), "--out",
+                                             str(d / "viz")]),
+    "features": lambda d: (features.main, ["--dataset", "cifar10",
+                                           "--data-dir", str(d / "tfds"),
+                                           "--out", str(d / "f.npz")]),
+    "export": lambda d: (export_cli.main, ["--format", "stablehlo", "--out",
+                                           str(d / "x.shlo")]),
+}
+
+
+@pytest.mark.parametrize("tool", sorted(TOOLS))
+@pytest.mark.parametrize("model,says", BAD_MODELS, ids=["arch", "tag", "other"])
+def test_every_tool_checks_the_model_name(tool, model, says, tiny_ckpt,
+                                          capsys):
+  import re  # pylint: disable=import-outside-toplevel
+  main, rest = TOOLS[tool](tiny_ckpt)
+  rc = main(["--checkpoint", str(tiny_ckpt / "w.safetensors"), "--model",
+             model] + rest)
+  err = capsys.readouterr().err
+  assert rc == 1 and re.search(says, err), (tool, err)

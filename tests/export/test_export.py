@@ -535,3 +535,64 @@ def test_hybrid_exports_and_verifies(tmp_path):
     err = float(export.verify(s, fmt, path))
     print(f"\nEXPORT hybrid {fmt}: max relative error {err:.1e}")
     assert err < TOL, (fmt, err)
+
+
+@pytest.fixture(scope="module")
+def dinov3_file(tmp_path_factory):
+  """timm's DINOv3 S/16 (rotary positions only, no position embedding) at
+  depth 2 and width 192, perturbed, with a 5-class head: the module and
+  its state dict as a safetensors file."""
+  import timm  # pylint: disable=import-outside-toplevel
+  import torch  # pylint: disable=import-outside-toplevel
+  from safetensors.torch import save_file  # pylint: disable=import-outside-toplevel
+  from compare import perturb_torch  # pylint: disable=import-outside-toplevel
+  torch.manual_seed(0)
+  m = perturb_torch(timm.create_model(
+      "vit_small_patch16_dinov3", pretrained=False, depth=2, embed_dim=192,
+      num_heads=3, num_classes=5), 0, std=0.1)
+  path = tmp_path_factory.mktemp("dinov3") / "dinov3.safetensors"
+  save_file({k: v.contiguous() for k, v in m.state_dict().items()}, str(path))
+  return m, str(path)
+
+
+def test_a_rotary_only_model_exports_at_the_size_given(tmp_path, dinov3_file):
+  """DINOv3 has no position embedding to tell its input size: the size
+  given to export() (or weights.load, or --image-size) is honoured; without
+  one the error names what to pass. Each artifact in its runtime gives
+  timm's logits."""
+  import torch  # pylint: disable=import-outside-toplevel
+  from compare import torch_in  # pylint: disable=import-outside-toplevel
+  from safetensors.numpy import load_file  # pylint: disable=import-outside-toplevel
+  from vit_jax import weights  # pylint: disable=import-outside-toplevel
+  m, path = dinov3_file
+  model, variables = formats.from_timm(load_file(path),
+                                       "vit_small_patch16_dinov3")
+  assert model.image_size is None and not model.abs_pos_embed
+  with pytest.raises(export.ExportError, match=r"rotary positions only.*pass "
+                     r"image_size \(--image-size\)"):
+    export.servable((model, variables))
+  x = np.random.default_rng(0).standard_normal((2, 64, 64, 3)).astype(
+      np.float32)
+  with torch.no_grad():
+    ref = m(torch_in(x)).numpy()
+  for fmt in ("stablehlo", "onnx"):
+    out = export.export((model, variables), fmt,
+                        str(tmp_path / f"d3{SUFFIX[fmt]}"), image_size=64)
+    got = export.load(fmt, out)(x)
+    assert np.abs(got - ref).max() / np.abs(ref).max() < TOL, fmt
+  # The name's pretrained record gives a size too (DINOv3's: 256).
+  assert export.servable((model, variables),
+                         model_name="vit_small_patch16_dinov3").image_size == 256
+  loaded = weights.load(path, model_name="vit_small_patch16_dinov3",
+                        image_size=48)
+  assert loaded.preprocessing.crop_size == 48
+  assert export.servable(loaded).image_size == 48
+  out = str(tmp_path / "d3_cli.shlo")
+  assert export_cli.main(["--checkpoint", path, "--model",
+                          "vit_small_patch16_dinov3", "--image-size", "48",
+                          "--format", "stablehlo", "--out", out]) == 0
+  x48 = x[:, :48, :48]
+  with torch.no_grad():
+    ref = m(torch_in(x48)).numpy()
+  got = export.load("stablehlo", out)(x48)
+  assert np.abs(got - ref).max() / np.abs(ref).max() < TOL

@@ -112,8 +112,9 @@ from configs import digits
 from vit_jax.train import init as train_init
 cfg = digits.get_config()
 cfg.init_weights, cfg.image_size = {str(tmp_path / 'w.pth')!r}, 28
-cfg.model_name = "vit_small_patch14_reg4_dinov2"
-init = train_init.load_initial_weights(cfg)
+cfg.model_name, cfg.model.num_heads = "vit_small_patch14_reg4_dinov2", 2
+init = train_init.load_initial_weights(
+    cfg, stated=("model_name", "model.num_heads"))
 assert init.arch["num_registers"] == 4, init.arch
 print("TORCH_IMPORTED", "torch" in sys.modules)
 """
@@ -123,19 +124,35 @@ print("TORCH_IMPORTED", "torch" in sys.modules)
   assert "TORCH_IMPORTED False" in p.stdout, p.stdout
 
 
-def test_a_backbone_config_states_other_sizes(tmp_path):
+def test_a_size_stated_on_the_command_line_is_checked(tmp_path):
+  """A size the user states (``stated``: train.py's --config.model.*) that
+  the weights contradict is refused naming both values; the recipe's
+  (here tiny_config's num_heads=4 in Python) gives way to the weights'
+  whenever it does not describe them."""
   from safetensors.torch import save_file  # pylint: disable=import-outside-toplevel
   path = tmp_path / "w.safetensors"
   save_file({k: v.contiguous() for k, v in _timm_dinov2_reg().state_dict().items()},
             str(path))
   cfg = _finetune(path, 28, model_name="vit_small_patch14_reg4_dinov2",
-                  **{"model.num_heads": 4, "model.patch_size": 14})
-  init = train_init.load_initial_weights(tiny_config(
-      init_weights=str(path), image_size=28, **{"model.patch_size": 14},
-      model_name="vit_small_patch14_reg4_dinov2"))
-  with pytest.raises(ValueError, match=r"config.model.num_heads=4 but the "
-                     r"initial weights .* have num_heads=2"):
-    train_init.model_kwargs(cfg, 10, init)
+                  **{"model.num_layers": 2, "model.patch_size": 14})
+  with pytest.raises(weights.CheckpointError, match=r"The checkpoint has "
+                     r"num_layers=1, not 2 as given.*--config.model.<size> on "
+                     r"the command line"):
+    train_init.load_initial_weights(
+        cfg, stated=("model.num_layers", "model.num_heads"))
+  # The recipe's sizes are not these weights': its heads are not taken for
+  # theirs (width 32 has no usual number), and the error says what to pass.
+  with pytest.raises(weights.CheckpointError, match=r"width 32 is not a "
+                     r"standard ViT width.*In train.py: "
+                     r"--config.model.num_heads=N .*the recipe's "
+                     r"'vit_small_patch14_reg4_dinov2' \(.*layers 2.*\) does "
+                     r"not describe these weights"):
+    train_init.load_initial_weights(cfg)
+  init = train_init.load_initial_weights(cfg, stated=("model.num_heads",))
+  assert (init.arch["num_layers"], init.arch["num_heads"]) == (1, 2)
+  assert init.model_name == "vit_small_patch14_reg4_dinov2"  # its name fits
+  assert "the recipe's model (layers 2) is not used" in init.note, init.note
+  assert "as given: heads 2" in init.note, init.note
   assert isinstance(weights.CheckpointError("x"), ValueError)
 
 
@@ -175,3 +192,199 @@ def test_dinov3_recipe_on_random_stand_in_weights(tmp_path):
     ref = m.forward_features(torch_in(x)).numpy()
   assert_close_rel(apply(model, variables, x, method=model.forward_features),
                    ref, what="fine-tuned DINOv3 features")
+  # The workdir exports (no position embedding: the run's image size, or
+  # the size asked), each artifact verified in its runtime.
+  from vit_jax import export  # pylint: disable=import-outside-toplevel
+  assert export.servable(str(tmp_path / "run")).image_size == 32
+  for fmt, size in (("stablehlo", 64), ("onnx", 48)):
+    s = export.servable(str(tmp_path / "run"), image_size=size)
+    assert s.image_size == size and s.preprocessing.crop_size == size
+    out = export.export(s, fmt, str(tmp_path / f"run.{fmt}"))
+    assert float(export.verify(s, fmt, out)) < 1e-5, fmt
+
+
+# ---------------------------------------------------------------------------
+# A recipe written for another model, fine-tuned from files of other sizes:
+# the weights decide the architecture (what the user asks on the command
+# line is applied: a patch size resampled; what contradicts them stops the
+# run at once, naming the difference).
+# ---------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def vit_ti_file(tmp_path_factory):
+  """timm's ViT-Ti/16 (3 heads) at depth 2, perturbed, as safetensors."""
+  import timm  # pylint: disable=import-outside-toplevel
+  from safetensors.torch import save_file  # pylint: disable=import-outside-toplevel
+  torch.manual_seed(0)
+  m = perturb_torch(timm.create_model("vit_tiny_patch16_224", depth=2,
+                                      pretrained=False), 0)
+  path = tmp_path_factory.mktemp("vit_ti") / "vit_tiny.safetensors"
+  sd = {k: v.contiguous() for k, v in m.state_dict().items()}
+  save_file(sd, str(path))
+  return path, {k: v.numpy() for k, v in sd.items()}
+
+
+def _recipe(config, **kw):
+  """A recipe's config (its model fields untouched) as a one-step run on
+  the digits at learning rate 0."""
+  from train_helpers import tiny_overrides  # pylint: disable=import-outside-toplevel
+  o = {k: v for k, v in tiny_overrides().items()
+       if not k.startswith("model") and k != "image_size"}
+  o.update(total_steps=1, eval_every=1, checkpoint_every=1, log_every=1,
+           optimizer="sgd", learning_rate=0.0, warmup_steps=0)
+  o.update(kw)
+  for key, value in o.items():
+    node = config
+    *parents, leaf = key.split(".")
+    for p in parents:
+      node = node[p]
+    node[leaf] = value
+  config.lock()
+  return config
+
+
+def _start_note(workdir):
+  from train_helpers import start_rows  # pylint: disable=import-outside-toplevel
+  return start_rows(workdir)[-1]["model_source"]
+
+
+@pytest.mark.parametrize("patch", [None, 8])
+def test_digits_recipe_from_a_vit_ti_file_trains_vit_ti(tmp_path, vit_ti_file,
+                                                        patch):
+  """configs/digits.py (width 96, 4 heads, patch 4) with timm's ViT-Ti/16:
+  the trained model is ViT-Ti (3 heads, width 192, the file's patch kernel
+  as it is), or at the patch size asked on the command line (resampled)."""
+  from configs import digits  # pylint: disable=import-outside-toplevel
+  path, sd = vit_ti_file
+  kw = {} if patch is None else {"model.patch_size": patch}
+  cfg = _recipe(digits.get_config(), init_weights=str(path), **kw)
+  train_loop.train_and_evaluate(cfg, str(tmp_path), devices=ONE,
+                                stated=tuple(kw))
+  model, variables, info = orbax.load_for_inference(str(tmp_path))
+  assert (model.num_heads, model.hidden_size, model.num_layers,
+          model.mlp_dim) == (3, 192, 2, 768)
+  kernel = variables["params"]["embedding"]["kernel"]
+  note = _start_note(tmp_path)
+  assert ("the recipe's model (model_name 'vit_digits_4'; "
+          + ("patch 4, " if patch is None else "") +
+          "width 96, layers 4, heads 4, MLP 192) is not used") in note, note
+  assert info["model_name"] == "vit"  # not the recipe's name
+  if patch is None:
+    assert model.patch_size == 16
+    np.testing.assert_array_equal(  # the file's kernel, not resampled
+        kernel, sd["patch_embed.proj.weight"].transpose(2, 3, 1, 0))
+    assert "a 1x1 grid of 16 px patches" in note, note
+  else:
+    assert model.patch_size == 8 and kernel.shape == (8, 8, 3, 192)
+    assert "as given: patch 8 (the patch-embedding kernel resampled" in note
+
+
+def test_b16_recipe_at_a_tiny_size_from_a_vit_ti_file(tmp_path, vit_ti_file):
+  """configs/b16.py names vit_b_16: with a ViT-Ti file that name is not
+  used, and the trained model is ViT-Ti/16."""
+  from configs import b16  # pylint: disable=import-outside-toplevel
+  path, _ = vit_ti_file
+  cfg = _recipe(b16.get_config("digits,32"), init_weights=str(path),
+                **{"model.dtype": "float32", "pp.crop": "resize",
+                   "pp.flip": False})
+  train_loop.train_and_evaluate(cfg, str(tmp_path), devices=ONE)
+  model, _, _ = orbax.load_for_inference(str(tmp_path))
+  assert (model.num_heads, model.patch_size, model.hidden_size) == (3, 16, 192)
+  assert "the recipe's model (model_name 'vit_b_16') is not used" in (
+      _start_note(tmp_path))
+
+
+def test_a_contradicting_command_line_size_stops_train_py_at_once(
+    tmp_path, vit_ti_file):
+  """train.py tells the fields set on its command line: a size the weights
+  contradict stops the run before any step, naming both values; a model
+  name of another architecture too, naming the difference."""
+  from train_helpers import digits_data_dir, run, train_cmd  # pylint: disable=import-outside-toplevel
+  path, _ = vit_ti_file
+  p = run(train_cmd(str(tmp_path / "run"), {
+      "init_weights": str(path), "data_dir": digits_data_dir(),
+      "model.hidden_size": 96}), check=False, timeout=300)
+  assert p.returncode == 1, p.stderr[-3000:]
+  assert "The checkpoint has hidden_size=192, not 96 as given" in p.stderr
+  assert not (tmp_path / "run" / "checkpoints").exists() or not list(
+      (tmp_path / "run" / "checkpoints").iterdir())
+  from configs import digits  # pylint: disable=import-outside-toplevel
+  cfg = _recipe(digits.get_config(), init_weights=str(path),
+                model_name="vit_small_patch16_dinov3")
+  with pytest.raises(weights.CheckpointError, match=r"not a "
+                     r"vit_small_patch16_dinov3: they have 0 registers \(the "
+                     r"name: 4 registers\).*--config.model_name="
+                     r"vit_small_patch16_dinov3 is not these weights' name"):
+    train_init.load_initial_weights(cfg, stated=("model_name",))
+
+
+def test_digits_recipe_from_a_transformers_vit_of_another_size(tmp_path):
+  """A transformers ViT directory (64 wide, 2 heads, patch 8: its
+  config.json says) under configs/digits.py: its architecture is kept."""
+  import transformers  # pylint: disable=import-outside-toplevel
+  from configs import digits  # pylint: disable=import-outside-toplevel
+  torch.manual_seed(0)
+  m = perturb_torch(transformers.ViTModel(transformers.ViTConfig(
+      image_size=32, patch_size=8, hidden_size=64, num_hidden_layers=1,
+      num_attention_heads=2, intermediate_size=128), add_pooling_layer=False),
+                    0).eval()
+  m.save_pretrained(tmp_path / "hf_vit")
+  cfg = _recipe(digits.get_config(), init_weights=str(tmp_path / "hf_vit"))
+  train_loop.train_and_evaluate(cfg, str(tmp_path / "run"), devices=ONE)
+  model, _, _ = orbax.load_for_inference(str(tmp_path / "run"))
+  assert (model.num_heads, model.patch_size, model.hidden_size,
+          model.num_layers, model.mlp_dim) == (2, 8, 64, 1, 128)
+  assert "'vit_digits_4'" in _start_note(tmp_path / "run")
+
+
+def test_digits_recipe_from_a_torchvision_vit_of_another_size(tmp_path):
+  """A torchvision state dict (converted in a child process) 64 wide: its
+  heads are not stored and 64 has no usual number, so the recipe's 4 (of
+  another model) are not taken for them: the run stops naming what to
+  pass; with --config.model.num_heads=2 the model is the file's."""
+  import torchvision  # pylint: disable=import-outside-toplevel
+  from configs import digits  # pylint: disable=import-outside-toplevel
+  torch.manual_seed(0)
+  tv = torchvision.models.VisionTransformer(
+      image_size=32, patch_size=8, num_layers=1, num_heads=2, hidden_dim=64,
+      mlp_dim=128, num_classes=3)
+  torch.save(tv.state_dict(), tmp_path / "tv.pth")
+  cfg = _recipe(digits.get_config(), init_weights=str(tmp_path / "tv.pth"))
+  with pytest.raises(weights.CheckpointError, match=r"width 64 is not a "
+                     r"standard ViT width.*In train.py: "
+                     r"--config.model.num_heads=N"):
+    train_init.load_initial_weights(cfg)
+  cfg = _recipe(digits.get_config(), init_weights=str(tmp_path / "tv.pth"),
+                **{"model.num_heads": 2})
+  init = train_init.load_initial_weights(cfg, stated=("model.num_heads",))
+  model = train_init.build_model(init.model_name,
+                                 train_init.model_kwargs(cfg, 10, init))
+  assert (model.num_heads, model.patch_size, model.hidden_size,
+          model.num_classes) == (2, 8, 64, 10)
+  assert "as given: heads 2" in init.note, init.note
+
+
+def test_digits_recipe_from_a_dinov3_file_says_what_to_pass(tmp_path):
+  """An Eva file (DINOv3) whose rotary embedding only a name gives: the
+  run stops with the train.py flag to pass; given, it loads."""
+  import timm  # pylint: disable=import-outside-toplevel
+  from safetensors.torch import save_file  # pylint: disable=import-outside-toplevel
+  from configs import digits  # pylint: disable=import-outside-toplevel
+  torch.manual_seed(0)
+  m = timm.create_model("vit_small_patch16_dinov3", pretrained=False, depth=1,
+                        num_classes=0)
+  save_file({k: v.contiguous() for k, v in m.state_dict().items()},
+            str(tmp_path / "d3.safetensors"))
+  cfg = _recipe(digits.get_config(), init_weights=str(tmp_path /
+                                                       "d3.safetensors"))
+  with pytest.raises(weights.CheckpointError, match=r"rotary position "
+                     r"embedding is not stored.*In train.py: "
+                     r"--config.model_name=<their timm name>"):
+    train_init.load_initial_weights(cfg)
+  cfg = _recipe(digits.get_config(), init_weights=str(tmp_path /
+                                                       "d3.safetensors"),
+                model_name="vit_small_patch16_dinov3")
+  init = train_init.load_initial_weights(cfg, stated=("model_name",))
+  assert (init.arch["rope"], init.arch["num_heads"]) == ("dinov3", 6)
+  assert init.model_name == "vit_small_patch16_dinov3"

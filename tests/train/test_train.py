@@ -170,7 +170,14 @@ def test_finetune_bad_weights(tmp_path):
   _tiny_torchvision_pth(pth)
   cfg = tiny_config(**_finetune_overrides(pth, **{"model.hidden_size": 64,
                                                   "model.mlp_dim": 64}))
+  # Stated (on train.py's command line): refused, naming both values.
   with pytest.raises(ValueError, match=r"hidden_size 32 \(expected 64\)"):
+    train_lib.train_and_evaluate(cfg, str(tmp_path / "b"), devices=ONE,
+                                 stated=("model_name", "model.hidden_size",
+                                         "model.num_heads"))
+  # The recipe's alone: it does not describe these weights, so their width
+  # (32, no usual number of heads) needs the heads said.
+  with pytest.raises(ValueError, match=r"--config.model.num_heads=N"):
     _train(cfg, tmp_path / "b")
   cfg = tiny_config(**_finetune_overrides("NO_SUCH_WEIGHTS"))
   with pytest.raises(ValueError, match="torchvision has no weights "

@@ -121,14 +121,23 @@ def test_the_name_decides_the_activation():
 
 
 def test_a_timm_name_decides_only_what_the_keys_cannot():
-  """Registers, depth, width and resolution come from the weights (people
-  build timm models at other depths and sizes under the same name)."""
-  m = timm_model("vit_small_patch14_reg4_dinov2")
+  """Depth, width and resolution come from the weights (people build timm
+  models at other depths and sizes under the same name); their structure
+  (here: registers) must be the name's, else the name is refused naming
+  the difference and the names of their structure."""
+  m = timm_model("vit_small_patch14_reg4_dinov2", embed_dim=192,
+                 num_heads=3)
   x = images(2, 56)
-  model, variables = formats.from_timm(m.state_dict(), "vit_small_patch14_dinov2")
-  assert (model.num_registers, model.num_layers, model.num_heads) == (4, DEPTH, 6)
+  model, variables = formats.from_timm(m.state_dict(),
+                                       "vit_small_patch14_reg4_dinov2")
+  assert (model.num_registers, model.num_layers, model.hidden_size,
+          model.num_heads) == (4, DEPTH, 192, 3)
   with torch.no_grad():
     assert_close_rel(apply(model, variables, x), m(torch_in(x)).numpy())
+  with pytest.raises(ValueError, match=r"not a vit_small_patch14_dinov2: they "
+                     r"have 4 registers \(the name: 0 registers\).*Names of "
+                     r"their structure: .*vit_small_patch14_reg4_dinov2"):
+    formats.from_timm(m.state_dict(), "vit_small_patch14_dinov2")
 
 
 # ---------------------------------------------------------------------------

@@ -47,7 +47,8 @@ CASES = [
     ("deit_tiny_distilled_patch16_224", {}, (4, 4)),
     ("vit_base_patch16_radio_v3", {}, (4, 4)),
     ("vit_so400m_patch16_radio_v4", dict(embed_dim=192, num_heads=3), (4, 4)),
-    # q/k normalisation (timm's qk_norm): the keys show it, no name needed.
+    # q/k normalisation (timm's qk_norm): the keys show it, no name needed
+    # (under the name, whose structure has none, it is refused).
     ("vit_small_patch16_224", dict(qk_norm=True), (4, 4)),
     # Post-norm blocks, which only the name shows: timm's ResPostBlock
     # (no class token, average pooling) and EVA-02-E's EvaBlockPostNorm.
@@ -76,6 +77,10 @@ def timm_model(name, overrides=None, grid=(4, 4), seed=0, num_classes=7,
 
 def ours(m, name, overrides=None, **kw):
   heads = (overrides or {}).get("num_heads")
+  if (overrides or {}).get("qk_norm"):
+    # Another structure than the name's (no timm name has q/k norms here):
+    # its keys say all, so it loads without the name.
+    name = None
   return formats.from_timm(m.state_dict(), name,
                            **({"num_heads": heads} if heads else {}), **kw)
 
@@ -148,6 +153,13 @@ def test_the_name_decides_the_rope_and_the_pooling():
   with pytest.raises(ValueError, match="'vit_small_patch14_dinov2' is not a "
                      "timm name of the Eva families"):
     formats.from_timm(m.state_dict(), "vit_small_patch14_dinov2")
+
+
+def test_a_structure_the_name_lacks_is_refused():
+  m = timm_model("vit_small_patch16_224", dict(qk_norm=True), (2, 2))
+  with pytest.raises(ValueError, match=r"not a vit_small_patch16_224: they "
+                     r"have q/k norms \(the name: no q/k norms\)"):
+    formats.from_timm(m.state_dict(), "vit_small_patch16_224")
 
 
 @pytest.mark.parametrize("name, grid", [

@@ -285,3 +285,72 @@ def test_train_py_init_weights_takes_a_name(hub, monkeypatch):
   assert init.arch["hidden_size"] == 384 and init.arch["num_registers"] == 4
   assert init.description.startswith(name)
   assert init.preprocessing.mean == (0.485, 0.456, 0.406)
+
+
+# One timm name per structure value (class token, MAP head, registers,
+# LayerScale, norms, biases, gated MLPs, RoPE without a position embedding,
+# NaFlex, a distillation token): together every value of every field the
+# name check compares.
+STRUCTURES = ["vit_base_patch8_224", "aimv2_1b_patch14_224",
+              "naflexvit_base_patch16_gap", "eva02_base_patch16_clip_224",
+              "vit_pe_core_base_patch16_224", "vit_base_patch16_radio_v3",
+              "vit_giant_patch14_reg1_tipsv2", "vit_7b_patch16_dinov3",
+              "vit_huge_patch16_radio_v4", "deit_base_distilled_patch16_224"]
+
+
+def test_the_name_check_reads_every_structure_as_the_records_say():
+  """Every structure of the table covered; each name's own weights (its
+  tree mapped to timm's keys, at a small size) pass the check under their
+  name and fail under another's."""
+  from vit_jax.models import _timm_archs  # pylint: disable=import-outside-toplevel
+  from vit_jax.weights import build, trees  # pylint: disable=import-outside-toplevel
+  import sys  # pylint: disable=import-outside-toplevel
+  check = sys.modules["vit_jax.weights.check"]
+  values = {(k, v) for n in _timm_archs.ARCHS
+            for k, v in build._structure(build._full_record(n)).items()}  # pylint: disable=protected-access
+  covered = {(k, v) for n in STRUCTURES
+             for k, v in build._structure(build._full_record(n)).items()}  # pylint: disable=protected-access
+  assert values <= covered, values - covered
+  state_dicts = {}
+  for name in STRUCTURES:
+    rec = _timm_archs.ARCHS[name]
+    model = models.get_model(
+        name, num_layers=1, hidden_size=192, num_heads=3, mlp_dim=384,
+        map_heads=3 if rec.get("map_heads") else None, map_mlp_dim=None)
+    shapes = check.expected(model, model.image_size or 224)
+    state_dicts[name] = weights.to_state_dict(trees.unflatten(
+        {k: np.zeros(s, np.float32) for k, s in shapes.items()}), "timm")
+    m, _ = weights.from_state_dict(state_dicts[name], name, layout="timm",
+                                   num_heads=3)
+    assert m.num_layers == 1
+  for name, other in zip(STRUCTURES, STRUCTURES[1:] + STRUCTURES[:1]):
+    with pytest.raises(build.NameMismatch, match=f"(not a {other}:|'{other}' is not)"):
+      weights.from_state_dict(state_dicts[name], other, layout="timm",
+                              num_heads=3)
+
+
+@pytest.mark.parametrize("with_weights", [False, True])
+def test_a_misspelt_name_or_tag_is_refused_with_the_fix(with_weights):
+  """As timm's create_model: an invalid tag lists the architecture's tags,
+  a misspelt architecture the close names, with or without pretrained
+  (nothing is downloaded: the name is refused first)."""
+  with pytest.raises(ValueError, match=r"'lvd1689'.*its tags: "
+                     r"vit_small_patch16_dinov3\.lvd1689m"):
+    vit_jax.create_model("vit_small_patch16_dinov3.lvd1689",
+                         pretrained=with_weights)
+  with pytest.raises(ValueError, match=r"vit_small_patch16_dinov33.*"
+                     r"vit_small_patch16_dinov3, "):
+    vit_jax.create_model("vit_small_patch16_dinov33", pretrained=with_weights)
+
+
+def test_no_name_gives_another_names_preprocessing():
+  """A name's preprocessing is its own weights' (the default tag's for a
+  bare architecture), or its family's where it has none released."""
+  from vit_jax.data import preprocessing as pp  # pylint: disable=import-outside-toplevel
+  from vit_jax.weights import layouts  # pylint: disable=import-outside-toplevel
+  want = pretrained.lookup("vit_small_patch16_dinov3.lvd1689m").preprocessing()
+  for name in ("vit_small_patch16_dinov3", "vit_small_patch16_dinov3.lvd1689m"):
+    assert vit_jax.create_model(name, num_layers=1).preprocessing == want
+  name = "vit_small_patch16_36x1_224"  # an architecture without weights
+  assert vit_jax.create_model(name, num_layers=1).preprocessing == (
+      pp.from_timm_cfg(layouts.timm_preprocessing_cfg(name)))

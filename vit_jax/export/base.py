@@ -38,7 +38,16 @@ def servable(checkpoint, *, preprocessing=None,
       ``load`` returns); or a tuple ``(model, variables)`` or ``(model,
       variables, preprocessing)``.
     preprocessing: overrides the checkpoint's (a ``Preprocessing``).
-    model_name, image_size: passed to ``load`` for a path.
+    model_name: passed to ``load`` for a path; for a loaded model without
+      an input size of its own (rotary positions only), its pretrained
+      record's input size.
+    image_size: the artifact's input size: passed to ``load`` for a path;
+      for a loaded model, its learned position embedding is resampled to
+      it (a model with rotary positions only takes it as it is).
+
+  The input size is ``image_size``, else the model's own (its
+  ``image_size``, its position embedding's grid), else its
+  preprocessing's crop, else ``model_name``'s pretrained record's.
   """
   if isinstance(checkpoint, (str, os.PathLike)):
     from vit_jax import weights  # pylint: disable=import-outside-toplevel
@@ -62,12 +71,45 @@ def servable(checkpoint, *, preprocessing=None,
                       "returns logits, so there is nothing to export.")
   if is_naflex(model):  # any image shape: no input size
     return Servable(model, variables, pre, 0)
-  size = _image_size(model, variables)
+  if image_size is not None:
+    model, variables = _at_size(model, variables, image_size)
+    size = int(image_size)
+    if pre is not None and preprocessing is None:
+      pre = pre.resized(size)  # the weights' recipe at the size asked
+  else:
+    size = _image_size(model, variables, pre, model_name)
   if pre is not None and int(pre.crop_size) != size:
     raise ExportError(f"The preprocessing crops {pre.crop_size}x"
                       f"{pre.crop_size} images but the model takes "
                       f"{size}x{size}.")
   return Servable(model, variables, pre, size)
+
+
+def _at_size(model, variables, image_size):
+  """(model, variables) for square ``image_size`` inputs: a learned
+  position embedding made for another grid resampled (as timm does), the
+  model's own fixed size replaced."""
+  from vit_jax import models  # pylint: disable=import-outside-toplevel
+  from vit_jax.weights import posemb, trees  # pylint: disable=import-outside-toplevel
+  h, w = models.pair(image_size)
+  if h != w:
+    raise ExportError(f"Only square inputs are exported; image_size "
+                      f"{image_size} is not.")
+  if h % model.patch_size and (model.image_size is None or models.pair(
+      model.image_size) != (h, w)):
+    raise ExportError(f"image_size {h} is not a multiple of the patch size "
+                      f"{model.patch_size}: expected e.g. "
+                      f"{max(1, h // model.patch_size) * model.patch_size}.")
+  layered = trees.unstack_layers(trees.wrap(variables))
+  if trees.native_image_size(layered, model) not in (None, h):
+    layered = posemb.resize_posemb(
+        layered, h, model.patch_size,
+        num_prefix_tokens=trees.pos_prefix_rows(model), method="timm")
+    variables = (trees.stack_layers(layered) if model.scan_layers
+                 else layered)
+  if model.image_size is not None and models.pair(model.image_size) != (h, w):
+    model = model.clone(image_size=None)
+  return model, variables
 
 
 def is_naflex(model) -> bool:
@@ -76,7 +118,16 @@ def is_naflex(model) -> bool:
   return getattr(model, "naflex", None) is not None
 
 
-def _image_size(model, variables) -> int:
+def is_naflex(model) -> bool:
+  """A NaFlex model: its artifact takes the NaFlex dict (patches,
+  coordinates, mask) with a symbolic sequence length."""
+  return getattr(model, "naflex", None) is not None
+
+
+def _image_size(model, variables, pre=None, model_name=None) -> int:
+  """The model's own input size (its ``image_size``, or its position
+  embedding's grid), else its preprocessing's crop, else ``model_name``'s
+  pretrained record's; an error naming what to pass without any."""
   if model.image_size is not None:
     h, w = (model.image_size if isinstance(model.image_size, (tuple, list))
             else (model.image_size,) * 2)
@@ -85,12 +136,26 @@ def _image_size(model, variables) -> int:
                         f"{h}x{w}.")
     return int(h)
   from vit_jax.weights import trees  # pylint: disable=import-outside-toplevel
-  size = trees.native_image_size(
-      trees.unstack_layers(trees.wrap(variables)), model)
-  if size is None:
-    raise ExportError("The position embedding is not a square grid, so the "
-                      "input size is unknown: set the model's image_size.")
-  return int(size)
+  flat = trees.params_of(trees.unstack_layers(trees.wrap(variables)))
+  if "pos_embedding" in flat.get("Transformer", {}).get("posembed_input", {}):
+    size = trees.native_image_size(
+        trees.unstack_layers(trees.wrap(variables)), model)
+    if size is None:
+      raise ExportError(
+          "The position embedding is not a square grid, so the input size "
+          "is unknown: pass image_size (--image-size) for a square one.")
+    return int(size)
+  if pre is not None:  # rotary positions only: the weights' recipe says
+    return int(pre.crop_size)
+  if model_name:
+    from vit_jax.weights import pretrained  # pylint: disable=import-outside-toplevel
+    if pretrained.is_name(model_name):
+      return int(pretrained.lookup(model_name).input_size[-1])
+  raise ExportError(
+      "The model has no learned position embedding (rotary positions only, "
+      "as DINOv3's), so the weights do not say its input size: pass "
+      "image_size (--image-size), a preprocessing, or the model_name of its "
+      "pretrained record (e.g. 'vit_small_patch16_dinov3').")
 
 
 def serving_function(s: Servable, *, dtype: str = "float32",

@@ -132,7 +132,8 @@ def resume_hint(checkpoint_dir: str) -> str:
 
 
 def train_and_evaluate(config, workdir: str, *,
-                       devices: Optional[Sequence[Any]] = None) -> Dict[str, Any]:
+                       devices: Optional[Sequence[Any]] = None,
+                       stated: Sequence[str] = ()) -> Dict[str, Any]:
   """Trains ``config`` in ``workdir`` (resuming if it has checkpoints).
 
   Args:
@@ -140,6 +141,11 @@ def train_and_evaluate(config, workdir: str, *,
     workdir: output directory (checkpoints/, config.json, metrics.jsonl,
       TensorBoard events, curves.png).
     devices: the devices of the mesh (default: all of ``jax.devices()``).
+    stated: the config fields the user set (train.py: its ``--config.*``
+      overrides, e.g. ``'model.num_heads'``). Fine-tuning, the weights
+      decide the architecture; stated model fields are applied or refused
+      against them, the recipe's are used only where they describe them
+      (:func:`vit_jax.train.init.load_initial_weights`).
 
   Returns:
     The last train and eval metrics, plus ``step``, ``preempted``,
@@ -167,9 +173,12 @@ def train_and_evaluate(config, workdir: str, *,
     src = sources.get_source(config)
 
   # ---- Model, optimizer, the train state's shape and shardings.
-  init = train_init.load_initial_weights(config)  # None: from scratch
+  init = train_init.load_initial_weights(config, stated)  # None: scratch
   model_kw = train_init.model_kwargs(config, src.num_classes, init)
-  model = train_init.build_model(config.model_name, model_kw)
+  # Fine-tuning, the model is the weights' (and so is its name).
+  model_name = init.model_name if init is not None else config.model_name
+  note = init.note if init is not None else ""
+  model = train_init.build_model(model_name, model_kw)
   naflex_lens = config.get("naflex_seq_lens")
   if naflex_lens and model.naflex is None:
     raise ValueError(
@@ -231,7 +240,7 @@ def train_and_evaluate(config, workdir: str, *,
 
   # ---- Outputs: config.json, metrics.jsonl (a start row), TensorBoard.
   config_dict = json.loads(json.dumps(config.to_dict(), default=str))
-  meta = dict(model_name=config.model_name, model_kwargs=model_kw,
+  meta = dict(model_name=model_name, model_kwargs=model_kw,
               image_size=int(config.image_size), mean=list(mean),
               naflex_seq_len=max(naflex_lens) if naflex_lens else None,
               std=list(std), label_names=src.label_names, dataset=src.name,
@@ -244,9 +253,12 @@ def train_and_evaluate(config, workdir: str, *,
   writer.truncate_after(start)
   n_params = train_step.num_params(abstract)
   writer.write(start, **_facts(config, src, mesh, start, latest,
-                               config.model_name, n_params, mean, std))
+                               model_name, n_params, mean, std),
+               **({"model_source": note} if note else {}))
+  if note:
+    writer.print(note)
   writer.print(
-      f"{config.model_name} ({n_params:,} params) on {src.name} "
+      f"{model_name} ({n_params:,} params) on {src.name} "
       f"({src.num_train:,} train / {src.num_eval:,} eval, {src.num_classes} "
       f"classes): {mesh.size} device(s) {dict(mesh.shape)}, {pcount} "
       f"process(es), batch {config.batch_size}, steps {start} -> {total}"

@@ -30,7 +30,9 @@ description. Rooms: :mod:`~vit_jax.weights.files` (reading files and hubs),
 :mod:`~vit_jax.weights.google_npz` (Google's fix-ups),
 :mod:`~vit_jax.weights.build` (-> model), :mod:`~vit_jax.weights.check`
 (the one checker), :mod:`~vit_jax.weights.posemb` (resampling),
-:mod:`~vit_jax.weights.trees` (our tree as data).
+:mod:`~vit_jax.weights.trees` (our tree as data),
+:mod:`~vit_jax.weights.names` (the names vit_jax knows, checked where they
+are typed), :mod:`~vit_jax.weights.pretrained` (the records of the tags).
 """
 
 from __future__ import annotations
@@ -46,7 +48,7 @@ import numpy as np
 
 from vit_jax import models
 from vit_jax.data import labels, preprocessing as pp
-from vit_jax.weights import build, files, trees
+from vit_jax.weights import build, files, layouts, trees
 from vit_jax.weights.build import from_state_dict, from_tree, to_state_dict  # noqa: F401
 from vit_jax.weights.check import check, check_keys  # noqa: F401
 from vit_jax.weights.trees import arch_of  # noqa: F401
@@ -194,8 +196,17 @@ def load(source, *, model_name: Optional[str] = None, image_size=None,
       weights of another architecture (the message says what and why).
   """
   try:
+    if model_name:  # checked where it is typed: a misspelt tag or name
+      from vit_jax.weights import pretrained  # pylint: disable=import-outside-toplevel
+      pretrained.check_known(model_name)
     loaded = _load(str(source), model_name, image_size, num_heads,
                    model_overrides, _given(preprocessing))
+    if image_size is not None and not loaded.naflex:
+      # The size asked is the crop, also where no position embedding
+      # says it (rotary positions only: DINOv3).
+      h, w = models.pair(image_size)
+      if h == w and preprocessing is None:
+        loaded.preprocessing = loaded.preprocessing.resized(h)
     if label_file:
       names = labels.read_label_file(label_file)
       loaded.label_names = labels.check_labels(
@@ -233,6 +244,7 @@ def initial(name: str, *, num_classes=None, image_size=None,
   timm's, a tag allowed), with the preprocessing of its pretrained record
   where it has one."""
   from vit_jax.weights import pretrained  # pylint: disable=import-outside-toplevel
+  pretrained.check_known(name)  # a misspelt tag is refused, as timm does
   kw = dict(options)
   if num_classes is not None:
     kw["num_classes"] = int(num_classes)
@@ -370,8 +382,9 @@ def _load(src: str, name, image_size, num_heads, overrides,
   m = re.fullmatch(r"torchvision:(\w+)", src)
   if m:
     if not name:
-      raise CheckpointError(f"{src}: torchvision weights need the variant: "
-                            f"pass --model (e.g. vit_b_16).")
+      raise layouts.Undecided("torchvision weights need the variant: pass "
+                              "model_name (e.g. vit_b_16; in the CLIs: "
+                              "--model).", "model_name")
     enum = files.torchvision_weights(name, m.group(1))
     model, variables = build.from_state_dict(
         files.download_torchvision(enum), name, layout="torchvision", **kw)
@@ -515,7 +528,10 @@ def _load_dir(path: str, name, kw, src, given=None) -> Loaded:
     names = config.get("label_names")
     names = (labels.check_labels(list(names), model.num_classes or 0, src)
              if names else _default_labels(model.num_classes))
-    return _finish(model, variables, pre, names, f"timm {arch_name}", "timm")
+    loaded = _finish(model, variables, pre, names, f"timm {arch_name}",
+                     "timm")
+    loaded.info["model_name"] = arch_name  # the weights' own name
+    return loaded
   model_type = config.get("model_type")
   if model_type not in layouts.HF_MODEL_TYPES:
     raise ValueError(
@@ -550,7 +566,7 @@ def _load_orbax(path: str, name, image_size, patch_size=None) -> Loaded:
 
   model, variables, info = orbax.load_for_inference(path)
   if name:
-    build.check_name(_record(model), name)
+    build.check_name(_record(model), name, recorded=True)
   crop = int(info["image_size"])
   run_pp = ((info.get("config") or {}).get("pp") or {})
   resize = pp.eval_resize_size(

@@ -9,6 +9,11 @@ the architecture, the preprocessing and the label names in its header, so
 ``weights.load(OUT)`` gives back the same model without torch. ``train.py``
 runs this in a child process to fine-tune from PyTorch weights without
 importing torch beside JAX.
+
+Exit status: 0 written; 1 an error (one ``error:`` line); 3 the weights are
+not of the ``--model`` named; 4 they need a ``--model`` name (what the
+keys cannot show); 5 they need ``num_heads`` (a width without a usual
+number of heads).
 """
 
 from __future__ import annotations
@@ -42,6 +47,18 @@ def convert(source: str, out: str, **load_kwargs):
   return loaded
 
 
+def _status(e: BaseException) -> int:
+  """The exit status that says why (see the module docstring)."""
+  from vit_jax.weights import build, layouts  # pylint: disable=import-outside-toplevel
+  while e is not None:
+    if isinstance(e, build.NameMismatch):
+      return 3
+    if isinstance(e, layouts.Undecided):
+      return 4 if e.field == "model_name" else 5
+    e = e.__cause__
+  return 1
+
+
 def main(argv: Optional[list] = None) -> int:
   from vit_jax.data import console  # pylint: disable=import-outside-toplevel
   p = console.Parser(
@@ -68,7 +85,7 @@ def main(argv: Optional[list] = None) -> int:
                      image_size=args.image_size, **overrides)
   except (weights.CheckpointError, ValueError, FileNotFoundError) as e:
     print(f"error: {e}", file=sys.stderr, flush=True)
-    return 1
+    return _status(e)
   print(f"{args.out}: {loaded.description}")
   return 0
 

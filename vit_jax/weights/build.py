@@ -14,6 +14,7 @@ name (in the layout's own names), resample the position embedding for
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import os
 from typing import Any, Dict, Mapping, Optional, Tuple
@@ -21,7 +22,8 @@ from typing import Any, Dict, Mapping, Optional, Tuple
 import numpy as np
 
 from vit_jax import models
-from vit_jax.weights import check, layouts, mapping, posemb, trees
+from vit_jax.models import _timm_archs
+from vit_jax.weights import check, layouts, mapping, names, posemb, trees
 
 # Architecture fields a caller may state about a checkpoint (they are checked
 # against the weights) as opposed to options of how to run it.
@@ -86,47 +88,176 @@ CLIP_NEEDS_A_NAME = (
     "or 'vit_base_patch16_clip_224' for OpenCLIP's (in the CLIs: --model).")
 
 
+# The tables' generator builds timm's own weights under names the tables do
+# not hold yet (timm's registry vouches for them): within
+# names_from_timm(), a timm name is neither looked up nor compared.
+_FROM_TIMM = []
+
+
+@contextlib.contextmanager
+def names_from_timm():
+  """Within: timm names are taken as timm's registry gives them (for
+  :mod:`vit_jax.weights.pretrained`'s generator of the tables)."""
+  _FROM_TIMM.append(True)
+  try:
+    yield
+  finally:
+    _FROM_TIMM.pop()
+
+
+def check_known(name: str) -> None:
+  """A ValueError (:class:`~vit_jax.weights.names.UnknownName`) for a
+  name vit_jax does not know (a misspelt architecture or tag), naming the
+  close ones."""
+  if _FROM_TIMM and layouts.parse_timm_name(name) is not None:
+    return
+  names.check_known(name)
+
+
+def _has_class_token(a):
+  token = a.get("class_token")
+  return (a.get("classifier", "token") == "token" if token is None
+          else bool(token))
+
+
+# What a checkpoint's keys show of its structure, whatever its sizes: (how
+# it is said, how it is read from an architecture record). A timm name is
+# compared on these (timm models are built at other widths, depths and
+# resolutions under the same name, so sizes are not).
+_SHOWN = (
+    ("a class token", _has_class_token),
+    ("a MAP head", lambda a: a.get("classifier") == "map"),
+    ("registers", lambda a: int(a.get("num_registers") or 0)),
+    ("a distillation token", lambda a: bool(a.get("distilled"))),
+    ("LayerScale", lambda a: a.get("layer_scale_init") is not None),
+    ("fc_norm", lambda a: bool(a.get("fc_norm"))),
+    ("a final norm", lambda a: bool(a.get("final_norm", True))),
+    ("a norm before the blocks", lambda a: bool(a.get("pre_norm"))),
+    ("norm", lambda a: a.get("norm_type", "layer")),
+    ("a norm after the patch embedding", lambda a: bool(a.get("patch_norm"))),
+    ("a patch-embedding bias", lambda a: bool(a.get("patch_bias", True))),
+    ("q/k/v biases", lambda a: bool(a.get("qkv_bias", True))),
+    ("a key bias", lambda a: bool(a.get("key_bias", True)) or not a.get(
+        "qkv_bias", True)),
+    ("an attention output bias", lambda a: bool(a.get("proj_bias", True))),
+    ("q/k norms", lambda a: bool(a.get("qk_norm"))),
+    ("a norm inside the attention", lambda a: bool(a.get("attn_norm"))),
+    ("gated MLP", lambda a: a.get("gated_mlp") or "none"),
+    ("a norm inside the MLP", lambda a: bool(a.get("mlp_norm"))),
+    ("a learned position embedding", lambda a: bool(a.get("abs_pos_embed",
+                                                           True))),
+    ("a NaFlex position grid", lambda a: a.get("naflex") is not None),
+    ("a conv stem", lambda a: bool(a.get("conv_stem"))),
+)
+# What only the name decides, compared where the weights come with a record
+# of it (a training checkpoint, our safetensors).
+_RECORDED = ("act", "layer_norm_eps", "rope", "rope_temperature", "naflex")
+
+
+def _full_record(base: str) -> Dict[str, Any]:
+  defaults = {f.name: f.default for f in dataclasses.fields(
+      models.VisionTransformer) if f.name in models.FIELDS}
+  return dict(defaults, **_timm_archs.ARCHS.get(base, {}))
+
+
+def _structure(arch: Mapping[str, Any]) -> Dict[str, Any]:
+  return {what: read(arch) for what, read in _SHOWN}
+
+
+def _say(what, value) -> str:
+  if value is True:
+    return what
+  if value is False or value == "none":
+    article = what.split(" ", 1)[0] in ("a", "an")
+    return f"no {what.split(' ', 1)[1] if article else what}"
+  return f"{what} {value!r}" if isinstance(value, str) else f"{value} {what}"
+
+
+def _check_timm_name(arch: Mapping[str, Any], name: str,
+                     recorded: bool) -> None:
+  """Raises :class:`NameMismatch` when the weights' structure (``arch``,
+  as read from them) is not timm's ``name``'s, or, for weights with a
+  record (``recorded``), when what only the name decides (activation,
+  epsilon, RoPE, NaFlex resize) differs from their record."""
+  base = name.split(".", 1)[0]
+  want = _full_record(base)
+  have_s, want_s = _structure(arch), _structure(want)
+  diff = [f"{_say(k, have_s[k])} (the name: {_say(k, want_s[k])})"
+          for k in have_s if have_s[k] != want_s[k]]
+  if recorded:
+    diff += [f"{k}={arch.get(k)!r} (the name: {want.get(k)!r})"
+             for k in _RECORDED if k in arch and arch.get(k) != want.get(k)]
+  if not diff:
+    return
+  alike = [n for n in sorted(_timm_names())
+           if _structure(_full_record(n)) == have_s and (
+               not recorded or all(arch.get(k) == _full_record(n).get(k)
+                                   for k in _RECORDED if k in arch))]
+  parsed = layouts.parse_timm_name(base) or {}
+  alike.sort(key=lambda n: (  # same family and patch first
+      (layouts.parse_timm_name(n) or {}).get("family") != parsed.get("family"),
+      (layouts.parse_timm_name(n) or {}).get("patch_size") != arch.get(
+          "patch_size"), n))
+  hint = (f"Names of their structure: {', '.join(alike[:4])}."
+          if alike else "No timm name vit_jax knows has their structure; "
+                        "load them without a name.")
+  raise NameMismatch(
+      f"These weights are not a {base}: they have {'; '.join(diff)}. They "
+      f"look like {trees.describe(arch)}. {hint}", {})
+
+
+def _timm_names():
+  return _timm_archs.ARCHS.keys()
+
+
 def check_name(arch: Mapping[str, Any], name: str,
-               stated: Optional[Mapping[str, Any]] = None) -> None:
-  """Raises if our variant ``name`` (``vit_b_16``, ``B/16``) describes
-  another size than the weights' ``arch``, naming both. ``stated`` size
-  fields (a custom-size checkpoint: ``num_layers=2``) replace the name's.
-  A timm name's sizes are not checked: it decides only what the keys
-  cannot (the activation, epsilon, heads); people build timm models at
-  other depths and resolutions under the same name. Any name is checked
-  for a ResNet stem: a hybrid's (``vit_base_r50_s16_224``) must have one,
-  the others none."""
+               stated: Optional[Mapping[str, Any]] = None, *,
+               recorded: bool = False) -> None:
+  """Raises unless ``name`` describes the weights whose architecture is
+  ``arch``: a name vit_jax does not know (:func:`check_known`); our variant
+  (``vit_b_16``, ``B/16``) of another size (``stated`` size fields, a
+  custom-size checkpoint's ``num_layers=2``, replace the name's); a timm
+  name of another structure (class token, registers, LayerScale, MAP head,
+  fc_norm, biases, norms, gated MLP, position embedding...: every
+  difference named, with the names of the weights' structure). timm names
+  are not compared on sizes: people build timm models at other widths,
+  depths and resolutions under the same name. ``recorded``: ``arch`` is a
+  record that also says what only the name decides (activation, epsilon,
+  RoPE), and those are compared too."""
+  check_known(name)
   parsed = layouts.parse_timm_name(name)
   hybrid = bool(parsed and parsed["hybrid"])
   has_stem = arch.get("resnet") is not None
-  if hybrid != has_stem:
+  if hybrid != has_stem:  # any name: a hybrid's has a ResNet stem, others none
     what = ("a hybrid, with a ResNet stem before the patch embedding"
             if hybrid else "a ViT without a ResNet stem")
-    raise ValueError(
+    raise NameMismatch(
         f"{name} is {what}, but these weights have "
         f"{'one (conv_root, block1/...)' if has_stem else 'none'}. They "
-        f"look like {trees.describe(arch)}.")
-  if parsed is not None:
+        f"look like {trees.describe(arch)}.", {})
+  base = str(name).split(".", 1)[0]  # vit_b_16.tv_in1k: weights of vit_b_16
+  if layouts.parse_timm_name(name) is not None and not names.is_variant(base):
+    if not _FROM_TIMM and base in _timm_archs.ARCHS:
+      _check_timm_name(arch, base, recorded)
     return
-  name = str(name).split(".", 1)[0]  # vit_b_16.tv_in1k: weights of vit_b_16
-  try:
-    v = models.decode_variant(name)
-  except ValueError as e:
-    raise ValueError(f"{e} timm names such as 'vit_base_patch16_224' are "
-                     f"accepted too.") from None
+  v = models.decode_variant(base)
   want = {k: getattr(v, k) for k in _SIZE_FIELDS}
   want.update({k: v for k, v in (stated or {}).items() if k in _SIZE_FIELDS})
   diff = [f"{k} {arch.get(k)} (expected {want[k]})" for k in want
           if arch.get(k) != want[k]]
   if diff:
     raise NameMismatch(
-        f"The checkpoint is not a {name}: it has {', '.join(diff)}. It looks "
+        f"The checkpoint is not a {base}: it has {', '.join(diff)}. It looks "
         f"like {trees.describe(arch)}; pass that variant instead.", want)
 
 
+class StatedMismatch(ValueError):
+  """Weights of other sizes than stated (``num_layers=2`` ...)."""
+
+
 class NameMismatch(ValueError):
-  """Weights of another size than their name says; ``sizes`` are the
-  name's."""
+  """Weights of another architecture than their name says; ``sizes`` are
+  the name's (our variants)."""
 
   def __init__(self, message, sizes):
     super().__init__(message)
@@ -235,6 +366,9 @@ def _arch(variables, name, overrides, hints, image_size_hint=None):
                        patch_size=overrides.get("patch_size") or (
                            _named(name).get("patch_size")),
                        image_size=image_size_hint)
+  timm_name = name is not None and layouts.parse_timm_name(name) is not None
+  if timm_name:
+    check_name(arch, name)  # their structure, before the name's hints
   for k, v in hints.items():
     if "." in k:  # a field of a record: the ResNet stem's constants
       field, sub = k.split(".", 1)
@@ -248,13 +382,13 @@ def _arch(variables, name, overrides, hints, image_size_hint=None):
             if overrides.get(k) is not None}
   if new_patch_size(arch, overrides) is not None:
     del stated["patch_size"]  # a patch size to run at, not the weights'
-  if name is not None:
+  if name is not None and not timm_name:
     check_name(arch, name, stated)
   else:
     diff = [f"{k}={arch[k]}, not {v} as given" for k, v in stated.items()
             if arch[k] != v]
     if diff:  # stated sizes describe the checkpoint: check them
-      raise ValueError(f"The checkpoint has {'; '.join(diff)}. It looks like "
+      raise StatedMismatch(f"The checkpoint has {'; '.join(diff)}. It looks like "
                        f"{trees.describe(arch)}.")
   return arch
 
@@ -312,6 +446,8 @@ def from_state_dict(state_dict, name: Optional[str] = None, *,
 
   if num_heads:  # stated like any size field: checked against the weights
     overrides = dict(overrides, num_heads=int(num_heads))
+  if name is not None:
+    check_known(name)
   sd = files.unwrap(state_dict, f"a {layout or 'ViT'} state_dict")
   layout = layout or layouts.detect(list(sd))
   if layout is None:
@@ -337,10 +473,12 @@ def from_state_dict(state_dict, name: Optional[str] = None, *,
     hints = layouts.transformers_hints(config or {}, layout)
   _refuse_unknown(table, sd, mapping.unmatched(table, sd))
   if layout == "timm" and name is None and "norm_pre.weight" in sd:
-    raise ValueError(CLIP_NEEDS_A_NAME)
+    raise layouts.Undecided(CLIP_NEEDS_A_NAME, "model_name")
   if layout in _NAME_DECIDES and _NAME_DECIDES[layout][0] not in hints:
     _, needs, wrong = _NAME_DECIDES[layout]
-    raise ValueError(needs if name is None else f"{name!r} {wrong}")
+    if name is None:
+      raise layouts.Undecided(needs, "model_name")
+    raise NameMismatch(f"{name!r} {wrong}", {})
   heads = _heads(name, overrides.get("num_heads"), hints,
                  _width(table, sd))
   flat, _ = mapping.to_ours(table, sd, {
@@ -361,7 +499,7 @@ def from_state_dict(state_dict, name: Optional[str] = None, *,
     try:
       _finish(variables, arch, None, overrides, what + name, (table, sd))
     except ValueError as check_error:
-      raise ValueError(f"{e}\n{check_error}") from None
+      raise NameMismatch(f"{e}\n{check_error}", e.sizes) from None
     raise
   resample = parsed["resample"] if parsed else table.resample
   if (image_size is None and resample.startswith("radio") and
@@ -391,6 +529,8 @@ def from_tree(variables, name: Optional[str] = None, *, image_size=None,
   stem = {"conv_stem": stored["conv_stem"]} if stored.get("conv_stem") else {}
   read = _arch(variables, name, {**stem, **overrides}, {})
   read.update(stored)
+  if name is not None and stored:  # a record: what only a name decides too
+    check_name(read, name, recorded=True)
   what = name or trees.describe(read)
   return _finish(variables, read, image_size, overrides, what)
 

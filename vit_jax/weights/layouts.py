@@ -647,12 +647,22 @@ HEADS_FOR_WIDTH = {192: 3, 256: 4, 320: 5, 384: 6, 512: 8, 640: 10, 768: 12,
                    1536: 16, 1664: 16, 1792: 16}
 
 
+class Undecided(ValueError):
+  """The weights do not show something only a name or a stated size can
+  give; ``field`` is what to pass (``'model_name'`` or ``'num_heads'``)."""
+
+  def __init__(self, message: str, field: str):
+    super().__init__(message)
+    self.field = field
+
+
 def heads_for_width(width: int) -> int:
   if width not in HEADS_FOR_WIDTH:
-    raise ValueError(
+    raise Undecided(
         f"The number of attention heads is not stored in these weights and "
         f"width {width} is not a standard ViT width "
-        f"({sorted(HEADS_FOR_WIDTH)}): pass num_heads or the model's name.")
+        f"({sorted(HEADS_FOR_WIDTH)}): pass num_heads or the model's name.",
+        "num_heads")
   return HEADS_FOR_WIDTH[width]
 
 

@@ -31,25 +31,8 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 from vit_jax.data import preprocessing as pp
 from vit_jax.models import _timm_archs
 from vit_jax.weights import _pretrained_cfgs
-
-# torchvision's released ViT weights, under timm-style tags (the enum's
-# preprocessing is read from torchvision when they are loaded).
-TORCHVISION = {
-    "vit_b_16.tv_in1k": "IMAGENET1K_V1",
-    "vit_b_16.tv_swag_e2e_in1k": "IMAGENET1K_SWAG_E2E_V1",
-    "vit_b_16.tv_swag_linear_in1k": "IMAGENET1K_SWAG_LINEAR_V1",
-    "vit_b_32.tv_in1k": "IMAGENET1K_V1",
-    "vit_l_16.tv_in1k": "IMAGENET1K_V1",
-    "vit_l_16.tv_swag_e2e_in1k": "IMAGENET1K_SWAG_E2E_V1",
-    "vit_l_16.tv_swag_linear_in1k": "IMAGENET1K_SWAG_LINEAR_V1",
-    "vit_l_32.tv_in1k": "IMAGENET1K_V1",
-    "vit_h_14.tv_swag_e2e_in1k": "IMAGENET1K_SWAG_E2E_V1",
-    "vit_h_14.tv_swag_linear_in1k": "IMAGENET1K_SWAG_LINEAR_V1",
-}
-
-
-class UnknownName(ValueError):
-  """A name that is neither an architecture nor a pretrained tag."""
+from vit_jax.weights.names import (  # noqa: F401  (the names' room)
+    TORCHVISION, UnknownName, architectures, check_known)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -135,12 +118,6 @@ _RECORDS = _records()
 _DEFAULT = {}
 for _name in _RECORDS:
   _DEFAULT.setdefault(_name.split(".", 1)[0], _name)
-
-
-def architectures() -> List[str]:
-  """Every architecture name vit_jax builds from a timm name (and ours)."""
-  from vit_jax import models  # pylint: disable=import-outside-toplevel
-  return sorted(set(_timm_archs.ARCHS) | set(models.VARIANTS))
 
 
 def is_name(name: str) -> bool:
@@ -244,7 +221,8 @@ def _timm_architectures(patterns: Sequence[str] = FAMILY_PATTERNS):
     sd = {k: np.broadcast_to(np.float32(0), tuple(v.shape))
           for k, v in m.state_dict().items()}
     try:
-      model, _ = build.from_state_dict(sd, name, layout="timm")
+      with build.names_from_timm():  # not in the tables yet, maybe
+        model, _ = build.from_state_dict(sd, name, layout="timm")
     except ValueError:
       continue  # a feature vit_jax does not map: not listed
     arch = models.arch_record(model)
