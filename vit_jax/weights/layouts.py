@@ -849,6 +849,10 @@ TIMM_UNSUPPORTED = (
                     "LayerScale)"),
     (r"_lingbot$", "LingBot-Vision"),
     (r"^eva_giant", "EVA-01 (timm's eva_giant_*)"),
+    (r"^vit_\w+_(resnet\d+d|mci)_", "a CNN backbone other than BiT's "
+                                   "ResNetV2 stem (the R50+ViT hybrids "
+                                   "vit_*_r50_* / _r26_* / vit_tiny_r_* "
+                                   "load)"),
     (r"^naflexvit_.*_parfac_", "a factorized NaFlex position embedding "
                                "(timm's pos_embed='factorized')"),
 )
