@@ -77,7 +77,6 @@ ARCHS = {
     'vit_base_patch16_plus_clip_240': {'hidden_size': 896, 'num_heads': 14, 'mlp_dim': 3584, 'pre_norm': True, 'patch_bias': False, 'layer_norm_eps': 1e-05, 'num_classes': 640, 'image_size': (240, 240)},
     'vit_base_patch16_radio_v3': {'num_registers': 7, 'layer_scale_init': 1e-05, 'no_embed_class': True, 'final_norm': False, 'num_classes': 0, 'image_size': (512, 512)},
     'vit_base_patch16_reg4_gap_256': {'classifier': 'gap', 'num_registers': 4, 'no_embed_class': True, 'fc_norm': True, 'class_token': False, 'image_size': (256, 256)},
-    'vit_base_patch16_rpn_224': {'classifier': 'gap', 'fc_norm': True, 'qkv_bias': False, 'class_token': False, 'image_size': (224, 224)},
     'vit_base_patch16_siglip_224': {'classifier': 'map', 'class_token': False, 'num_classes': 0, 'image_size': (224, 224)},
     'vit_base_patch16_siglip_256': {'classifier': 'map', 'class_token': False, 'num_classes': 0, 'image_size': (256, 256)},
     'vit_base_patch16_siglip_384': {'classifier': 'map', 'class_token': False, 'num_classes': 0, 'image_size': (384, 384)},

@@ -45,7 +45,7 @@ import numpy as np
 
 from vit_jax import models
 from vit_jax.data import labels, preprocessing as pp
-from vit_jax.weights import build, files, google_npz, trees
+from vit_jax.weights import build, files, google_npz, layouts, trees
 from vit_jax.weights.build import from_state_dict, from_tree, to_state_dict  # noqa: F401
 from vit_jax.weights.check import check, check_keys  # noqa: F401
 from vit_jax.weights.trees import arch_of  # noqa: F401
@@ -228,6 +228,7 @@ def initial(name: str, *, num_classes=None, image_size=None,
   if image_size is not None:
     kw["image_size"] = image_size
   base = str(name).split(".", 1)[0]
+  layouts.refuse_unsupported_timm(base)  # a timm name vit_jax does not build
   model = models.get_model(base, **kw)
   variables = models.init_params(model, int(models.pair(
       model.image_size or 224)[0]), seed=seed)

@@ -31,7 +31,7 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 from vit_jax.data import preprocessing as pp
 from vit_jax.models import _timm_archs
-from vit_jax.weights import _pretrained_cfgs
+from vit_jax.weights import _pretrained_cfgs, layouts
 from vit_jax.weights.verify import meta_device  # noqa: F401  (was here)
 
 # torchvision's released ViT weights, under timm-style tags (the enum's
@@ -52,6 +52,11 @@ TORCHVISION = {
 
 class UnknownName(ValueError):
   """A name that is neither an architecture nor a pretrained tag."""
+
+
+class Unsupported(UnknownName):
+  """A timm name vit_jax does not build: a feature it lacks
+  (:data:`vit_jax.weights.layouts.TIMM_UNSUPPORTED`), named."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -131,16 +136,21 @@ def architectures() -> List[str]:
 
 
 def is_name(name: str) -> bool:
-  """Whether ``name`` is a known architecture or ``architecture.tag``."""
+  """Whether ``name`` is a known architecture or ``architecture.tag``
+  (not one vit_jax refuses: :func:`lookup` says why)."""
   base = str(name).split(".", 1)[0]
+  if layouts.unsupported_timm(base):
+    return False
   return name in _RECORDS or (("." not in name) and (
       base in _timm_archs.ARCHS or base in _DEFAULT))
 
 
 def lookup(name: str) -> Pretrained:
   """The record of ``architecture.tag``, or of an architecture's default
-  tag; an :class:`UnknownName` error suggests the closest names."""
+  tag; an :class:`UnknownName` error suggests the closest names (an
+  :class:`Unsupported` one names the feature vit_jax lacks)."""
   name = str(name)
+  layouts.refuse_unsupported_timm(name, Unsupported)
   if name in _RECORDS:
     return _RECORDS[name]
   if "." not in name and name in _DEFAULT:
