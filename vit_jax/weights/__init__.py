@@ -251,6 +251,7 @@ def initial(name: str, *, num_classes=None, image_size=None,
   if image_size is not None:
     kw["image_size"] = image_size
   base = str(name).split(".", 1)[0]
+  layouts.refuse_unsupported_timm(base)  # a timm name vit_jax does not build
   model = models.get_model(base, **kw)
   variables = models.init_params(model, int(models.pair(
       model.image_size or 224)[0]), seed=seed)

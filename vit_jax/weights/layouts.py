@@ -858,17 +858,27 @@ TIMM_UNSUPPORTED = (
 )
 
 
-def refuse_unsupported_timm(name: str) -> None:
-  """Raises for a timm name of a model vit_jax does not compute."""
-  base = name.split(".", 1)[0]
+def unsupported_timm(name: str) -> Optional[str]:
+  """The feature vit_jax lacks for timm's model ``name`` (a ``.tag``
+  allowed), or None."""
+  base = str(name).split(".", 1)[0]
   for pattern, what in TIMM_UNSUPPORTED:
     if re.search(pattern, base):
-      raise ValueError(
-          f"{name}: {what} is not supported by vit_jax. Supported timm "
-          f"families: ViT / AugReg, DeiT (incl. distilled), DeiT-III, "
-          f"DINOv2 (incl. giant), DINOv3, EVA-02 (T/S/B/L, CLIP B/L), "
-          f"Perception Encoder, AIMv2, CLIP, SigLIP / SigLIP 2 (incl. "
-          f"NaFlex), C-RADIO (incl. NaFlex), timm's NaFlexVit.")
+      return what
+  return None
+
+
+def refuse_unsupported_timm(name: str, error=ValueError) -> None:
+  """Raises ``error`` for a timm name of a model vit_jax does not compute,
+  naming the feature it lacks."""
+  what = unsupported_timm(name)
+  if what is not None:
+    raise error(
+        f"{name}: {what} is not supported by vit_jax. Supported timm "
+        f"families: ViT / AugReg, DeiT (incl. distilled), DeiT-III, "
+        f"DINOv2 (incl. giant), DINOv3, EVA-02 (T/S/B/L, CLIP B/L), "
+        f"Perception Encoder, AIMv2, CLIP, SigLIP / SigLIP 2 (incl. "
+        f"NaFlex), C-RADIO (incl. NaFlex), timm's NaFlexVit.")
 
 
 NAFLEX_NEEDS_A_NAME = (

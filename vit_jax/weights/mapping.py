@@ -421,8 +421,8 @@ def _emit(layout: Layout, flat: Mapping[str, Any], fn,
 
 
 def _float32(x):
-  x = trees.to_numpy(x)
-  return x.astype(np.float32) if x.dtype.kind in "fV" else x
+  x = trees.to_numpy(x)  # a jax array's own memory where it can be (read-only)
+  return x.astype(np.float32, copy=False) if x.dtype.kind in "fV" else x
 
 
 def to_theirs(layout: Layout, flat: Mapping[str, Any]) -> "collections.OrderedDict":
@@ -431,7 +431,14 @@ def to_theirs(layout: Layout, flat: Mapping[str, Any]) -> "collections.OrderedDi
   used = set()
 
   def convert(op, vals):
-    return op.to_theirs([_float32(x) for x in vals])
+    ins = [_float32(x) for x in vals]
+    out = np.ascontiguousarray(op.to_theirs(ins))
+    # Their arrays are their own (contiguous, writable, no memory of ours),
+    # copied only where the op did not make a new one.
+    if not (out.flags.owndata and out.flags.writeable) or any(
+        np.may_share_memory(out, x) for x in ins):
+      out = np.array(out)
+    return out
 
   out = _emit(layout, flat, convert, used)
   left = sorted(set(flat) - used)
@@ -440,8 +447,7 @@ def to_theirs(layout: Layout, flat: Mapping[str, Any]) -> "collections.OrderedDi
         f"{layout.name}'s layout has no place for {len(left)} of these "
         f"variables: {left[:8]}{' ...' if len(left) > 8 else ''}. The model "
         f"has a feature that {layout.name} cannot hold.")
-  return collections.OrderedDict(
-      (k, np.ascontiguousarray(v)) for k, v in out.items())
+  return out
 
 
 def expected(layout: Layout, shapes: Mapping[str, Tuple[int, ...]]

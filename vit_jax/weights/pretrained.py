@@ -9,10 +9,12 @@ Face repo holding the weights, how images must be prepared for them (input
 size, crop, interpolation, mean, std, as timm's ``pretrained_cfg``), what
 the head gives (a label set's classes, an embedding, or nothing), and the
 license. The records are generated from timm's own ``pretrained_cfg``s for
-every architecture the weights layer maps (``python -m
-vit_jax.weights.pretrained --write``, which also writes the architectures
-themselves into :mod:`vit_jax.models`), and a test keeps them equal to
-timm's; at run time neither timm nor the network is needed to read them.
+every architecture the weights layer maps and computes as timm does
+(``python -m vit_jax.weights.pretrained --write``, which also writes the
+architectures themselves into :mod:`vit_jax.models`; it lists a name only
+when :func:`vit_jax.weights.verify.verify_timm` passes), and a test keeps
+them equal to timm's; at run time neither timm nor the network is needed
+to read them.
 torchvision's released weights are records too (``vit_b_16.tv_in1k``).
 
 :func:`vit_jax.create_model` and :func:`vit_jax.weights.load` use them;
@@ -21,7 +23,6 @@ torchvision's released weights are records too (``vit_b_16.tv_in1k``).
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import difflib
 import fnmatch
@@ -30,9 +31,15 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 from vit_jax.data import preprocessing as pp
 from vit_jax.models import _timm_archs
-from vit_jax.weights import _pretrained_cfgs
+from vit_jax.weights import _pretrained_cfgs, layouts
 from vit_jax.weights.names import (  # noqa: F401  (the names' room)
     TORCHVISION, UnknownName, architectures, check_known)
+from vit_jax.weights.verify import meta_device  # noqa: F401  (was here)
+
+
+class Unsupported(UnknownName):
+  """A timm name vit_jax does not build: a feature it lacks
+  (:data:`vit_jax.weights.layouts.TIMM_UNSUPPORTED`), named."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -121,16 +128,21 @@ for _name in _RECORDS:
 
 
 def is_name(name: str) -> bool:
-  """Whether ``name`` is a known architecture or ``architecture.tag``."""
+  """Whether ``name`` is a known architecture or ``architecture.tag``
+  (not one vit_jax refuses: :func:`lookup` says why)."""
   base = str(name).split(".", 1)[0]
+  if layouts.unsupported_timm(base):
+    return False
   return name in _RECORDS or (("." not in name) and (
       base in _timm_archs.ARCHS or base in _DEFAULT))
 
 
 def lookup(name: str) -> Pretrained:
   """The record of ``architecture.tag``, or of an architecture's default
-  tag; an :class:`UnknownName` error suggests the closest names."""
+  tag; an :class:`UnknownName` error suggests the closest names (an
+  :class:`Unsupported` one names the feature vit_jax lacks)."""
   name = str(name)
+  layouts.refuse_unsupported_timm(name, Unsupported)
   if name in _RECORDS:
     return _RECORDS[name]
   if "." not in name and name in _DEFAULT:
@@ -170,34 +182,15 @@ def list_names(pattern: str = "*", pretrained: bool = False,
 FAMILY_PATTERNS = ("vit_*", "deit*", "eva02_*", "aimv2_*", "naflexvit_*")
 
 
-@contextlib.contextmanager
-def meta_device():
-  """torch's meta device for building timm models without memory, ~3x
-  faster than a bare ``torch.device("meta")``: timm's truncated-normal
-  init clamps every weight, and torch runs ``clamp_`` on a meta tensor
-  through its Python reference implementation (about 5 ms a call, three
-  quarters of the time to build every timm architecture). A meta tensor
-  holds no values, so its ``clamp_`` is skipped here; every other op runs
-  as on the plain meta device (the same parameters, shapes and dtypes)."""
-  import torch  # pylint: disable=import-outside-toplevel
-  from torch.overrides import TorchFunctionMode  # pylint: disable=import-outside-toplevel
-
-  class _NoMetaClamp(TorchFunctionMode):
-
-    def __torch_function__(self, func, types, args=(), kwargs=None):
-      if func is torch.Tensor.clamp_ and args and getattr(
-          args[0], "is_meta", False):
-        return args[0]
-      return func(*args, **(kwargs or {}))
-
-  with torch.device("meta"), _NoMetaClamp():
-    yield
-
-
-def _timm_architectures(patterns: Sequence[str] = FAMILY_PATTERNS):
+def _timm_architectures(patterns: Sequence[str] = FAMILY_PATTERNS,
+                        verify: bool = True):
   """{timm name: our architecture record} for every timm architecture of
   ``patterns`` that the weights layer maps (built on the meta device: the
-  shapes of its state dict, no memory)."""
+  shapes of its state dict, no memory) and, with ``verify``, whose numbers
+  are timm's (:func:`vit_jax.weights.verify.verify_timm`: a name that maps
+  but computes something else is left out, and said on stderr: it belongs
+  in :data:`vit_jax.weights.layouts.TIMM_UNSUPPORTED`, naming what
+  vit_jax lacks)."""
   import warnings  # pylint: disable=import-outside-toplevel
 
   import numpy as np  # pylint: disable=import-outside-toplevel
@@ -238,7 +231,21 @@ def _timm_architectures(patterns: Sequence[str] = FAMILY_PATTERNS):
         a, (list, tuple)) and isinstance(b, (list, tuple)) else a == b)
     out[name] = {k: v for k, v in arch.items()
                  if not same(v, defaults.get(k, ()))}
-  return out
+  return _verified(out) if verify else out
+
+
+def _verified(archs):
+  """``archs`` less the names whose numbers are not timm's."""
+  from vit_jax.weights import verify  # pylint: disable=import-outside-toplevel
+
+  results = verify.verify_many(verify.plan(archs))
+  failed = {n: r for n, r in results.items()
+            if isinstance(r, verify.NotVerified)}
+  for why in failed.values():
+    print(f"not listed: {why}\n  (add the name's pattern to vit_jax.weights."
+          f"layouts.TIMM_UNSUPPORTED, naming the feature vit_jax lacks)",
+          file=sys.stderr)
+  return {k: v for k, v in archs.items() if k not in failed}
 
 
 def _timm_pretrained(archs) -> Dict[str, Dict[str, Any]]:
@@ -277,18 +284,20 @@ def _source(header: str, name: str, table: Dict[str, Any]) -> str:
   return "\n".join(lines) + "\n"
 
 
-def generate(patterns: Sequence[str] = FAMILY_PATTERNS):
-  """(architectures, pretrained records) as timm has them now."""
-  archs = _timm_architectures(patterns)
+def generate(patterns: Sequence[str] = FAMILY_PATTERNS, verify: bool = True):
+  """(architectures, pretrained records) as timm has them now: of the
+  names the weights layer maps and does not refuse, those whose numbers
+  are timm's (``verify=False``: all of them, without building any)."""
+  archs = _timm_architectures(patterns, verify)
   return archs, _timm_pretrained(archs)
 
 
-def write_tables() -> Tuple[str, str]:
+def write_tables(verify: bool = True) -> Tuple[str, str]:
   """(Re)writes :mod:`vit_jax.models._timm_archs` and
-  :mod:`vit_jax.weights._pretrained_cfgs`."""
+  :mod:`vit_jax.weights._pretrained_cfgs` (see :func:`generate`)."""
   import os  # pylint: disable=import-outside-toplevel
 
-  archs, records = generate()
+  archs, records = generate(verify=verify)
   here = os.path.dirname(os.path.abspath(__file__))
   paths = (os.path.join(here, "..", "models", "_timm_archs.py"),
            os.path.join(here, "_pretrained_cfgs.py"))

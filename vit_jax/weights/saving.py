@@ -63,10 +63,17 @@ def to_state_dict(variables, layout: str
 
 
 def to_torch(state_dict) -> "collections.OrderedDict":
-  """numpy arrays -> torch tensors (torch imported here only)."""
+  """numpy arrays -> torch tensors (torch imported here only). The state
+  dicts made here (writable, contiguous, their own memory) become tensors
+  without a copy; any other array is copied."""
   import torch  # pylint: disable=import-outside-toplevel
+
+  def tensor(v):
+    own = (isinstance(v, np.ndarray) and v.flags.writeable and
+           v.flags.owndata and v.flags.c_contiguous and v.dtype.isnative)
+    return torch.from_numpy(v if own else np.array(v))
   return collections.OrderedDict(
-      (k, torch.from_numpy(np.array(v))) for k, v in state_dict.items())
+      (k, tensor(v)) for k, v in state_dict.items())
 
 
 def save_safetensors(variables, path: str, *, model=None,

@@ -1,0 +1,131 @@
+"""A name is listed only when verified: every timm architecture
+``vit_jax.list_models()`` returns is built by timm (2 blocks where its
+constructor takes ``depth``; the real widths, heads and heads' classes) on
+random weights where every parameter matters, loaded through
+``formats.from_timm(state_dict, name)``, and must give timm's logits within
+1e-5 relative (float32, highest matmul precision); ``formats.to_timm`` of
+ours must load into timm with ``strict=True`` and give them too
+(:func:`vit_jax.weights.verify.verify_timm`, the check the table generator
+runs before it lists a name).
+
+Of the names whose architecture records differ only in their image size,
+one runs at timm's input size, as does every name whose size is not a
+multiple of its patch; the others on a 4x4 grid of patches (the same model
+as the group's other small ones). NaFlex names take two images' patch dicts.
+Our own variants (``vit_b_16`` ...) are torchvision's: test_parity.py.
+
+Names timm has that vit_jax does not build are refused by name, saying
+which feature is missing, wherever a name goes.
+"""
+
+import re
+
+import pytest
+
+import vit_jax
+from vit_jax import formats, weights
+from vit_jax.models import _timm_archs
+from vit_jax.weights import layouts, pretrained, verify
+
+timm = pytest.importorskip("timm")
+
+PLAN = verify.plan(_timm_archs.ARCHS)
+
+
+@pytest.fixture(scope="module")
+def random_weights():
+  return verify.RandomWeights()
+
+
+@pytest.fixture(scope="module")
+def results(request, random_weights):
+  """The checks of the names this session runs, in one go, a group of
+  names that share weights and compiled programs at a time."""
+  chosen = {item.callspec.params["name"] for item in request.session.items
+            if item.originalname == "test_listed_name_equals_timm"}
+  return verify.verify_many([c for c in PLAN if c.name in chosen],
+                            random_weights)
+
+
+def test_every_listed_name_is_planned():
+  listed = vit_jax.list_models()
+  timm_names = [n for n in listed if n in _timm_archs.ARCHS]
+  ours = sorted(set(listed) - set(timm_names))
+  assert ours == sorted(vit_jax.models.VARIANTS)  # torchvision's: test_parity
+  assert sorted(c.name for c in PLAN) == sorted(timm_names)
+  assert len(PLAN) > 150
+  tagged = {n.split(".", 1)[0] for n in vit_jax.list_models(pretrained=True)}
+  assert tagged <= set(listed)
+  # The planned sizes: one name per record at timm's input size.
+  native = {c.name for c in PLAN if not c.small}
+  assert {"deit_base_patch16_224", "vit_so400m_patch14_siglip_384",
+          "vit_7b_patch16_dinov3"} <= native
+  assert "vit_base_patch16_384" not in native
+
+
+@pytest.mark.parametrize("name", [c.name for c in PLAN])
+def test_listed_name_equals_timm(name, results, record_property):
+  result = results[name]
+  if isinstance(result, verify.NotVerified):
+    raise result
+  assert result.rel <= verify.REL and result.rel_back <= verify.REL
+  record_property("rel_err", result.rel)
+  record_property("cpu_seconds", round(result.seconds, 2))
+
+
+def test_the_check_fails_a_wrong_architecture(random_weights):
+  """The check is not vacuous: a name that maps but computes something
+  else (timm's post-norm blocks) is caught at the logits, and so is an
+  epsilon off by a factor of 10 in every norm."""
+  with pytest.raises(verify.NotVerified, match="logits.*differ"):
+    verify.verify_timm(  # the weights without the name: pre-norm blocks
+        "vit_base_patch16_rpn_224", small=True, weights=random_weights,
+        load=lambda sd, name: formats.from_timm(sd))
+  with pytest.raises(verify.NotVerified, match="logits.*differ"):
+    verify.verify_timm(
+        "vit_tiny_patch16_224", small=True, weights=random_weights,
+        load=lambda sd, name: formats.from_timm(sd, name,
+                                                layer_norm_eps=1e-5))
+
+
+def test_computed_buffers_are_timms():
+  """The meta-device build computes RoPE's buffers as timm's own build."""
+  import torch  # pylint: disable=import-outside-toplevel
+  for name in ("vit_small_patch16_dinov3", "eva02_tiny_patch14_224",
+               "vit_pe_core_tiny_patch16_384"):
+    m, _, kwargs = verify.random_timm(name, small=True)
+    ref = timm.create_model(name, pretrained=False, **kwargs)
+    own = dict(ref.named_buffers())
+    for k, v in m.named_buffers():
+      assert torch.equal(v, own[k]), (name, k)
+
+
+# timm names of the families vit_jax maps that it refuses, and the feature
+# the refusal must name.
+REFUSED = {
+    "vit_base_patch16_rope_mixed_224": "RoPE-Mixed",
+    "eva_giant_patch14_224": "EVA-01",
+    "vit_small_resnet26d_224": "CNN backbone other than BiT",
+}
+
+
+@pytest.mark.parametrize("name", sorted(REFUSED))
+def test_unverified_names_are_refused_by_name(name):
+  feature = REFUSED[name]
+  assert name in timm.list_models()
+  assert name not in vit_jax.list_models()
+  assert not vit_jax.list_models(f"{name}*", pretrained=True)
+  with pytest.raises(ValueError, match=re.escape(feature)):
+    vit_jax.create_model(name)
+  with pytest.raises(weights.CheckpointError, match=re.escape(feature)):
+    weights.load(name)
+  with pytest.raises(ValueError, match=re.escape(feature)):
+    pretrained.lookup(name + ".some_tag")
+  with pytest.raises(ValueError, match=re.escape(feature)):
+    layouts.refuse_unsupported_timm(name)
+  import torch  # pylint: disable=import-outside-toplevel
+  m, _ = verify.timm_meta(name, small=True)
+  sd = {k: torch.zeros(v.shape, dtype=v.dtype)
+        for k, v in m.state_dict().items()}
+  with pytest.raises(ValueError, match=re.escape(feature)):
+    formats.from_timm(sd, name)
