@@ -16,10 +16,13 @@ On the default backend (GPU, TPU; on a CPU it runs tiny sizes and says so):
    bfloat16 FLOP/s (:data:`PEAK_BF16`; "unknown" where not in the table,
    e.g. on a CPU).
 2. **input pipeline alone**: ``bench/input_pipeline.py`` on generated JPEGs
-   with every host core.
-3. **train.py end to end** (a subprocess on the generated JPEG folder, the
-   first setting of 1.) against the step alone: the last logged img/s over
-   the step's img/s (the target is >= 0.9).
+   with every host core (where TensorFlow is installed).
+3. **train.py end to end** (a subprocess, the first setting of 1.) against
+   the step alone: the loop's last logged img/s over the step's (the target
+   is >= 0.9). ``--e2e-data synthetic`` (default): random uint8 batches
+   made on the devices (``--config.dataset=synthetic``, no TensorFlow), so
+   the ratio is the loop's own cost; ``folder``: fed by the input pipeline
+   from the generated JPEGs (needs TensorFlow).
 4. **logits vs CPU**: float32 logits of the model on the accelerator and on
    the host CPU, ``jax.default_matmul_precision('highest')``; max |a - b| /
    max |b| (the target is <= 1e-4).
@@ -312,17 +315,23 @@ def _torch_cuda() -> bool:
   return torch.cuda.is_available()
 
 
+def has_tensorflow() -> bool:
+  import importlib.util  # pylint: disable=import-outside-toplevel
+  return importlib.util.find_spec("tensorflow") is not None
+
+
 def end_to_end(args, folder: str, step_img_s: float, attention, scan,
                batch: int) -> dict:
-  """train.py on the JPEG folder, the first setting: its last logged img/s
-  against the step alone's (per step: all devices)."""
+  """train.py on ``--e2e-data`` (synthetic batches, or the JPEG folder),
+  the first setting: its last logged img/s against the step alone's."""
   import jax  # pylint: disable=import-outside-toplevel
   n_dev = jax.local_device_count()
   work = tempfile.mkdtemp(prefix="vit_jax_e2e_")
   steps, log = args.e2e_steps, max(1, args.e2e_steps // 3)
   cmd = [sys.executable, os.path.join(REPO, "train.py"),
          f"--config={REPO}/configs/b16.py:scratch", f"--workdir={work}",
-         f"--config.dataset=folder:{folder}",
+         "--config.dataset=" + ("synthetic" if args.e2e_data == "synthetic"
+                                else f"folder:{folder}"),
          f"--config.model_name={args.model}",
          f"--config.image_size={args.image_size}",
          f"--config.model.dtype={args.dtype}",
@@ -353,7 +362,7 @@ def end_to_end(args, folder: str, step_img_s: float, attention, scan,
   e2e = rates[-1] / n_dev
   return {"img_per_s_per_device": e2e, "step_img_per_s_per_device": step_img_s,
           "ratio": e2e / step_img_s, "wall_s": wall, "steps": steps,
-          "logged_rates": rates}
+          "data": args.e2e_data, "logged_rates": rates}
 
 
 def main(argv=None):
@@ -371,6 +380,10 @@ def main(argv=None):
                  default=["off", "on"])
   p.add_argument("--steps", type=int, help="timed steps per setting")
   p.add_argument("--e2e-steps", type=int)
+  p.add_argument("--e2e-data", choices=("synthetic", "folder"),
+                 default="synthetic",
+                 help="part 3's data: batches made on the devices, or the "
+                      "JPEG folder through the input pipeline (TensorFlow)")
   p.add_argument("--images", type=int, help="JPEGs generated")
   p.add_argument("--jpeg-size", type=int, nargs=2, metavar=("H", "W"))
   p.add_argument("--skip", nargs="*", default=[],
@@ -393,6 +406,7 @@ def main(argv=None):
   import jax  # pylint: disable=import-outside-toplevel
 
   from bench import input_pipeline as ip_bench  # pylint: disable=import-outside-toplevel
+  from bench import machine  # pylint: disable=import-outside-toplevel
   backend = jax.default_backend()
   defaults = CPU_DEFAULTS if backend == "cpu" else ACCEL_DEFAULTS
   for k, v in defaults.items():
@@ -401,7 +415,7 @@ def main(argv=None):
   attention = [None if a == "auto" else a for a in args.attention]
   dev = jax.devices()[0]
   res = {"backend": backend, "device": dev.device_kind,
-         "devices": jax.local_device_count(), "host_cpu": ip_bench.describe_cpu(),
+         "devices": jax.local_device_count(), "host_cpu": machine.describe().replace("CPU: ", "", 1),
          "jax": jax.__version__, "model": args.model,
          "image_size": args.image_size, "dtype": args.dtype,
          "peak_bf16_flops": peak_flops(dev.device_kind)}
@@ -444,23 +458,29 @@ def main(argv=None):
   res["train_step"] = steps
 
   folder = tempfile.mkdtemp(prefix="vit_jax_accel_jpegs_")
+  tf = has_tensorflow()
   try:
-    need_jpegs = "pipeline" not in args.skip or "e2e" not in args.skip
-    if need_jpegs:
-      h, w = args.jpeg_size
-      ip_bench.write_jpegs(folder, args.images, h, w)
-    if "pipeline" not in args.skip:
+    pipeline = "pipeline" not in args.skip
+    if not tf and pipeline:
+      print("\n2. input pipeline alone: not run (no TensorFlow here)")
+    if tf and (pipeline or args.e2e_data == "folder"):
+      ip_bench.write_jpegs(folder, args.images, *args.jpeg_size)
+    if tf and pipeline:
       cores = len(os.sched_getaffinity(0))
       cfg = ip_bench.pipeline_config(folder, image_size=args.image_size)
       r = ip_bench.measure(cfg, cores=cores, batch=max(args.batch),
                            batches=max(2, min(20, args.images //
                                               max(args.batch))))
       res["input_pipeline"] = dict(r, cores=cores)
-      print(f"\n2. input pipeline alone ({h}x{w} JPEGs -> {args.image_size}px, "
-            f"Inception crop + flip, uint8): {r['img_per_s']:.0f} img/s on "
-            f"{cores} host cores ({r['img_per_s'] / cores:.0f} img/s/core)")
+      print(f"\n2. input pipeline alone ({args.jpeg_size[0]}x"
+            f"{args.jpeg_size[1]} JPEGs -> {args.image_size}px, Inception crop "
+            f"+ flip, uint8): {r['img_per_s']:.0f} img/s on {cores} host "
+            f"cores ({r['img_per_s'] / cores:.0f} img/s/core)")
     ok = [r for r in steps if "error" not in r]
-    if "e2e" not in args.skip and ok:
+    if "e2e" not in args.skip and args.e2e_data == "folder" and not tf:
+      print("\n3. train.py end to end on the JPEG folder: not run (no "
+            "TensorFlow here; --e2e-data synthetic needs none)")
+    elif "e2e" not in args.skip and ok:
       first = ok[0]
       r = end_to_end(args, folder, first["img_per_s_per_device"],
                      first["attention"], first["scan"],
@@ -469,11 +489,11 @@ def main(argv=None):
       if "error" in r:
         print(f"\n3. train.py end to end failed:\n{r['error']}")
       else:
-        print(f"\n3. train.py end to end (batch {first['batch_per_device']}"
-              f"/device, attention {first['attention']}, scan "
-              f"{first['scan']}, {r['steps']} steps): "
-              f"{r['img_per_s_per_device']:.1f} img/s per device vs the step "
-              f"alone {r['step_img_per_s_per_device']:.1f}: ratio "
+        print(f"\n3. train.py end to end ({args.e2e_data} data, batch "
+              f"{first['batch_per_device']}/device, attention "
+              f"{first['attention']}, scan {first['scan']}, {r['steps']} "
+              f"steps): {r['img_per_s_per_device']:.1f} img/s per device vs "
+              f"the step alone {r['step_img_per_s_per_device']:.1f}: ratio "
               f"{r['ratio']:.2f} (target >= {TARGET_E2E_RATIO})")
   finally:
     shutil.rmtree(folder, ignore_errors=True)

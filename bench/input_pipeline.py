@@ -25,7 +25,6 @@ import json
 import math
 import os
 import shutil
-import subprocess
 import sys
 import tempfile
 import time
@@ -35,27 +34,8 @@ if __package__ in (None, ""):
 
 import numpy as np  # noqa: E402
 
+from bench import machine  # noqa: E402
 from vit_jax.data import console  # noqa: E402
-
-
-def describe_cpu() -> str:
-  """The host CPU in words (bench/machine.py's describe() where it exists,
-  else lscpu's model lines), and the cores this process may use."""
-  try:
-    from bench import machine  # pylint: disable=import-outside-toplevel
-    return machine.describe()
-  except (ImportError, AttributeError):
-    pass
-  want = ("Model name", "CPU family", "Model:")
-  try:
-    out = subprocess.run(["lscpu"], capture_output=True, text=True,
-                         check=False, timeout=10).stdout
-    lines = [" ".join(ln.split()) for ln in out.splitlines()
-             if ln.startswith(want)]
-  except (OSError, subprocess.SubprocessError):
-    lines = []
-  cores = len(os.sched_getaffinity(0))
-  return (", ".join(lines) or "unknown CPU") + f"; {cores} usable core(s)"
 
 
 def write_jpegs(directory: str, n: int, height: int, width: int,
@@ -156,7 +136,7 @@ def run(args) -> dict:
   finally:
     if made and not args.folder:
       shutil.rmtree(folder, ignore_errors=True)
-  return {"cpu": describe_cpu(), "rows": rows, "jpeg_size": args.jpeg_size,
+  return {"cpu": machine.describe().replace("CPU: ", "", 1), "rows": rows, "jpeg_size": args.jpeg_size,
           "image_size": args.image_size, "batch": args.batch,
           "step_rates": args.step_rate}
 
