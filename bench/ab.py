@@ -36,9 +36,9 @@ The first config is the reference. Three ways to compare:
               steps that did not fault (< 1000 pages), paired ratios to the
               first. Resolves ~2 % where processes differ by 10 %.
               ``--steps 0``: compile only (compile time, memory).
---same-graph  hashes of each config's lowered StableHLO (inference and a
-              training gradient, float32 / bfloat16, unrolled / scanned):
-              the same hashes are the same program, whatever the load.
+--same-graph  a hash of each config's lowered StableHLO (the step of
+              --mode and --dtype), each in a process of its own: the same
+              hash is the same program, whatever the load.
 """
 
 from __future__ import annotations
@@ -115,42 +115,21 @@ def format_processes(res, labels, processes: int) -> str:
   return "\n".join(lines)
 
 
-def format_table(res, reference: str) -> str:
-  """Throughput, paired ratio against ``reference``, CPU time, analytic
-  GFLOP/s and its share of the machine's best GEMM."""
+def format_table(res) -> str:
   w = res["workload"]
   gflop = flops_lib.step_flops(harness.Workload(**w).variant(),
                                w["image_size"], w["mode"],
                                w["num_classes"]) / 1e9
-  best = machine.roofline(res.get("gemms"), w["dtype"])
-  lines = [
-      f"{w['name']} {w['mode']} {w['dtype']} batch {w['batch']} "
-      f"{w['image_size']}px, {len(res['rounds'])} alternating rounds, load "
-      f"avg {res['load_avg_1m']:.1f}",
-      f"{'config':14s} {'img/s':>8s} {'min-max':>15s} "
-      f"{'vs ' + reference:>20s} {'cpu ms/img':>10s} {'cpu ratio':>9s} "
-      f"{'GFLOP/s':>8s} {'% GEMM':>7s} {'compile':>8s} {'others':>7s}  "
-      f"max|diff| vs ref"]
-  for lab, c in res["contestants"].items():
-    r, diff = c["ratio_vs_reference"], c.get("check_max_abs_diff")
-    rate = gflop * c["img_per_sec"]["median"]
-    lines.append(
-        f"{lab:14s} {c['img_per_sec']['median']:8.2f} "
-        f"{c['img_per_sec']['min']:7.2f}-{c['img_per_sec']['max']:<7.2f} "
-        f"{r['median']:8.3f}x [{r['min']:.2f}-{r['max']:.2f}] "
-        f"{c['cpu_ms_per_img']['median']:10.1f} "
-        f"{c['cpu_ratio_vs_reference']['median']:8.3f}x "
-        f"{rate:8.1f} {machine.percent_of(rate, best):>7s} "
-        f"{c['compile_s']:7.1f}s {c['other_load']['median']:7.2f}  "
-        f"{'' if diff is None else f'{diff:.1e}'}")
+  lines = [f"{w['name']} {w['mode']} {w['dtype']} batch {w['batch']} "
+           f"{w['image_size']}px, {len(res['rounds'])} alternating rounds, "
+           f"load avg {res['load_avg_1m']:.1f}"] + bench_lib.rows(
+               res, gflop, machine.roofline(res.get("gemms"), w["dtype"]))
   if res.get("gemms"):
     lines += ["", machine.format_gemms(res["gemms"], w["dtype"])]
   return "\n".join(lines)
 
 
-# --------------------------------------------------------------------------- #
-# --in-process
-# --------------------------------------------------------------------------- #
+# --in-process.
 
 
 def compile_options(flags: str) -> Dict[str, Any]:
@@ -171,9 +150,11 @@ def compile_options(flags: str) -> Dict[str, Any]:
   return out
 
 
-def inprocess_config(c: harness.Contestant, common: Dict[str, Any]):
-  """One config as the in-process child takes it (in-process keys only)."""
-  if c.env or "src" in c.options:
+def inprocess_config(c: harness.Contestant, common: Dict[str, Any],
+                     own_process: bool = False):
+  """One config as the in-process child takes it (src= and env. only in a
+  process of its own)."""
+  if (c.env or "src" in c.options) and not own_process:
     raise ValueError(f"--config {c.label!r}: src= and env. need a process of "
                      f"their own; compare them without --in-process")
   return {"label": c.label, "compiler_options": compile_options(c.xla_flags),
@@ -233,28 +214,17 @@ def format_inprocess(res: Dict[str, Any], spec: Dict[str, Any]) -> str:
   return "\n".join(lines)
 
 
-def same_graph(args, cs) -> Dict[str, Any]:
-  """Each config's hashes (bench/worker.py's ``hashes``), its own child."""
-  common = bench_lib.parse_overrides(args.jax_opt)
-  return {c.label: harness.call("hashes", dict(
-      name=args.model, batch=args.batch, image_size=args.image_size,
-      src=c.options.get("src"), model_overrides=dict(
-          common, **c.options["model_overrides"])), env=c.env)
-          for c in cs}
-
-
-def format_same_graph(got: Dict[str, Any]) -> str:
-  labels = list(got)
-  ref = got[labels[0]]
-  lines = [f"{'case':24s} {'kind':5s} " + " ".join(f"{k:>18s}" for k in labels)]
-  for case in ref:
-    for kind in ("infer", "train"):
-      hs = [got[k][case][kind] for k in labels]
-      lines.append(f"{case:24s} {kind:5s} " + " ".join(f"{h:>18s}" for h in hs)
-                   + ("" if len(set(hs)) == 1 else "   DIFFERENT"))
-  same = all(got[k] == ref for k in labels)
-  lines.append("same program" if same else "DIFFERENT programs")
-  return "\n".join(lines)
+def same_graph(spec, cs, common):
+  """Each config lowered in a child of its own (bench/worker.py's
+  ``inprocess``, nothing compiled): the hashes of their StableHLO."""
+  got = {c.label: harness.call("inprocess", dict(
+      spec, lower_only=True, src=c.options.get("src"),
+      configs=[inprocess_config(c, common, True)]), env=c.env)["info"][
+          c.label]["hash"] for c in cs}
+  same = len(set(got.values())) == 1
+  return got, "\n".join([f"{spec['mode']} step, lowered StableHLO:"] + [
+      f"  {k:14s} {h}" for k, h in got.items()] + [
+          "same program" if same else "DIFFERENT programs"])
 
 
 def main(argv=None):
@@ -281,17 +251,17 @@ def main(argv=None):
   base = [parse_config(c) for c in args.config]
   out = sys.stderr if args.json else sys.stdout
   head = machine.describe() + "\n" + isa_line
-  if args.same_graph:
-    got = same_graph(args, base)
-    print(head + "\n" + format_same_graph(got), file=out)
-    if args.json:
-      print(json.dumps(got))
-    return got
   common = bench_lib.parse_overrides(args.jax_opt)
   w = harness.Workload(name=args.model, mode=args.mode, dtype=args.dtype,
                        batch=args.batch, image_size=args.image_size,
                        warmup=args.warmup,
                        layers=int(common.get("num_layers", 0)))
+  if args.same_graph:
+    got, table = same_graph(dict(w.spec(), steps=0), base, common)
+    print(head + "\n" + table, file=out)
+    if args.json:
+      print(json.dumps(got))
+    return got
   if args.in_process:
     spec = dict(w.spec(), steps=args.steps,
                 configs=[inprocess_config(c, common) for c in base])
@@ -319,7 +289,7 @@ def main(argv=None):
                                    dtypes=(args.dtype,))
   res["machine"], res["isa"], res["isa_line"] = (machine.cpu_info(), args.isa,
                                                  isa_line)
-  print(head + "\n" + format_table(res, cs[0].label), file=out)
+  print(head + "\n" + format_table(res), file=out)
   if args.processes > 1:
     print("\n" + format_processes(res, [c.label for c in base],
                                   args.processes), file=out)

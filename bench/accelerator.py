@@ -4,39 +4,29 @@ r"""One command that measures an accelerator for training ViTs.
     .venv/bin/python bench/accelerator.py --batch 256 --attention cudnn xla \
         --scan on off --json bench/results/accelerator_h100.json
 
-On the default backend (GPU, TPU; on a CPU it runs tiny sizes and says so):
+On the default backend (GPU, TPU; on a CPU tiny sizes, and it says so):
 
-1. **train step**: the real jitted step of ``train.py``
-   (``vit_jax.train.step.compile_steps``: uint8 batch normalised on the
-   device, forward, loss, backward, optimizer update; the config's optimizer,
-   bfloat16 compute, float32 parameters), data-parallel over every local
-   device, per ``--batch`` (per device) x ``--attention`` x ``--scan``:
-   img/s per device and MFU = img/s x analytic train FLOPs per image
-   (``bench/flops.py``: 3 x forward matmul FLOPs) / the device's peak dense
-   bfloat16 FLOP/s (:data:`PEAK_BF16`; "unknown" where not in the table,
-   e.g. on a CPU).
-2. **input pipeline alone**: ``bench/input_pipeline.py`` on generated JPEGs
-   with every host core (where TensorFlow is installed).
-3. **train.py end to end** (a subprocess, the first setting of 1.) against
-   the step alone: the loop's last logged img/s over the step's (the target
-   is >= 0.9). ``--e2e-data synthetic`` (default): random uint8 batches
-   made on the devices (``--config.dataset=synthetic``, no TensorFlow), so
-   the ratio is the loop's own cost; ``folder``: fed by the input pipeline
-   from the generated JPEGs (needs TensorFlow).
-4. **logits vs CPU**: float32 logits of the model on the accelerator and on
-   the host CPU, ``jax.default_matmul_precision('highest')``; max |a - b| /
-   max |b| (the target is <= 1e-4).
-5. **against timm** (where torch and timm are installed): timm's model with
-   random, perturbed weights, loaded into ours; float32 logits of ours on the
-   accelerator at JAX's default and at the highest matmul precision, ours on
-   the host CPU, and timm's own on torch's device (CUDA where torch has it),
-   each against timm in float64 on the CPU.
-6. **torch's train step** (where torch has the accelerator): timm's model,
-   bfloat16 autocast, fused AdamW, the same batch per device as the first
-   setting of 1.: img/s and MFU on the same device, beside ours.
+1. **train step**: ``train.py``'s jitted step (``train.step.compile_steps``:
+   uint8 batch normalised on the device, bfloat16 compute, the config's
+   optimizer), data-parallel over the local devices, per ``--batch`` (per
+   device) x ``--attention`` x ``--scan``: img/s per device and MFU (img/s
+   x analytic train FLOPs per image, ``flops.py``, / the device's peak
+   dense bfloat16 FLOP/s, :data:`PEAK_BF16`; "unknown" elsewhere).
+2. **input pipeline alone** (``input_pipeline.py``, generated JPEGs, every
+   host core), where TensorFlow is installed.
+3. **train.py end to end** against the step alone (the first setting of
+   1.): the loop's last logged img/s over the step's (target >= 0.9). With
+   ``--e2e-data synthetic`` (default) on batches made on the devices (no
+   TensorFlow): the loop's own cost; ``folder``: fed by the pipeline.
+4. **logits vs CPU**: float32 logits on the accelerator and the host CPU at
+   the highest matmul precision, max |a - b| / max |b| (target <= 1e-4).
+5. **against timm**: timm's model with random, perturbed weights loaded into
+   ours; float32 logits of ours (accelerator: default and highest
+   precision; CPU) and timm's (CPU, CUDA) against timm's in float64.
+6. **torch's train step** (where torch has CUDA): timm's model, bfloat16
+   autocast, fused AdamW, the first batch of 1., beside ours.
 
-Every number printed names the device and the host CPU. Nothing is
-extrapolated: a part that was not run says so.
+Every number names the device and the host CPU; a part not run says so.
 """
 
 from __future__ import annotations
@@ -60,18 +50,11 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 # Peak dense bfloat16 FLOP/s per device (no sparsity), from the vendors' data
 # sheets. Matched against ``device.device_kind`` in order (first hit wins).
-PEAK_BF16 = (
-    ("H200", 989e12),        # H200 SXM
-    ("H100 PCIe", 756e12),
-    ("H100", 989e12),        # H100 SXM5 (HBM3)
-    ("A100", 312e12),
-    ("TPU v4", 275e12),
-    ("TPU v5 lite", 197e12),  # v5e
-    ("TPU v5e", 197e12),
-    ("TPU v5p", 459e12),
-    ("TPU v5", 459e12),
-    ("TPU v6", 918e12),       # v6e (Trillium)
-)
+PEAK_BF16 = (("H200", 989e12), ("H100 PCIe", 756e12),  # H200 SXM
+             ("H100", 989e12), ("A100", 312e12),  # H100 SXM5 (HBM3)
+             ("TPU v4", 275e12), ("TPU v5 lite", 197e12),  # v5e
+             ("TPU v5e", 197e12), ("TPU v5p", 459e12), ("TPU v5", 459e12),
+             ("TPU v6", 918e12))  # v6e (Trillium)
 # Targets of issue 13 on one H100/H200.
 TARGET_IMG_S = 2900.0
 TARGET_LOGITS_REL = 1e-4
@@ -415,7 +398,8 @@ def main(argv=None):
   attention = [None if a == "auto" else a for a in args.attention]
   dev = jax.devices()[0]
   res = {"backend": backend, "device": dev.device_kind,
-         "devices": jax.local_device_count(), "host_cpu": machine.describe().replace("CPU: ", "", 1),
+         "devices": jax.local_device_count(),
+         "host_cpu": machine.describe().replace("CPU: ", "", 1),
          "jax": jax.__version__, "model": args.model,
          "image_size": args.image_size, "dtype": args.dtype,
          "peak_bf16_flops": peak_flops(dev.device_kind)}
@@ -431,22 +415,19 @@ def main(argv=None):
           f"the config's AdamW; per device)")
     print(f"{'batch':>6s} {'attention':>9s} {'scan':>5s} {'img/s/dev':>10s} "
           f"{'step ms':>8s} {'MFU':>6s} {'compile s':>9s}")
-    for b in args.batch:
-      for a in attention:
-        for s in args.scan:
-          try:
-            r = step_rate(args, batch=b, attention=a, scan=s == "on")
-          except Exception as e:  # pylint: disable=broad-except
-            r = {"batch_per_device": b, "attention": a, "scan": s == "on",
-                 "error": f"{type(e).__name__}: {str(e)[:300]}"}
-            print(f"{b:6d} {str(a):>9s} {s:>5s}  failed: {r['error']}")
-            steps.append(r)
-            continue
-          steps.append(r)
-          mfu = "unknown" if r["mfu"] is None else f"{100 * r['mfu']:.1f}%"
-          print(f"{b:6d} {str(a):>9s} {s:>5s} {r['img_per_s_per_device']:10.1f}"
-                f" {1e3 * r['step_s']:8.1f} {mfu:>6s} {r['compile_s']:9.1f}",
-                flush=True)
+    for b, a, s in ((b, a, s) for b in args.batch for a in attention
+                    for s in args.scan):
+      try:
+        r = step_rate(args, batch=b, attention=a, scan=s == "on")
+        mfu = "unknown" if r["mfu"] is None else f"{100 * r['mfu']:.1f}%"
+        print(f"{b:6d} {str(a):>9s} {s:>5s} {r['img_per_s_per_device']:10.1f}"
+              f" {1e3 * r['step_s']:8.1f} {mfu:>6s} {r['compile_s']:9.1f}",
+              flush=True)
+      except Exception as e:  # pylint: disable=broad-except
+        r = {"batch_per_device": b, "attention": a, "scan": s == "on",
+             "error": f"{type(e).__name__}: {str(e)[:300]}"}
+        print(f"{b:6d} {str(a):>9s} {s:>5s}  failed: {r['error']}")
+      steps.append(r)
     ok = [r for r in steps if "error" not in r]
     if ok:
       best = max(ok, key=lambda r: r["img_per_s_per_device"])

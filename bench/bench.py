@@ -3,32 +3,21 @@
     python bench/bench.py --model vit_b_16 --mode infer --batch 8
     python bench/bench.py --model vit_ti_16 --mode train --batch 16 --dtype bfloat16 --json
     python bench/bench.py --model vit_small_patch16_dinov3 eva02_tiny_patch14_224
-    python bench/bench.py --model vit_b_16 --batch 1 --peer stablehlo \\
+    python bench/bench.py --model vit_b_16 --batch 1 8 --peer stablehlo \\
         --peer savedmodel --peer onnxruntime --peer torch
-    python bench/bench.py --model vit_b_16 --batch 1 2 4 8 16 32       # a sweep
     python bench/bench.py --model vit_b_16 --batch 4 --image-size 224 384 512
 
-``--model`` is one of our variants (``vit_b_16``: the peer is torchvision's
-model) or a timm name (``eva02_tiny_patch14_224``: timm's model; we load its
-weights with ``formats.from_timm``). Peers (``--peer``, repeatable): ``torch``
-(torchvision's or timm's model, eager; the default), ``torch.compile``,
-``stablehlo``, ``savedmodel``, ``onnxruntime`` (our model exported by
-``python -m vit_jax.export``, dynamic batch, run by jax.export, TensorFlow
-or onnxruntime; inference, float32), ``none`` (JAX alone). Every side gets
-the same weights (torch's init, converted) and inputs; ``max|diff|`` is the
-largest logits (or first-step loss) difference from JAX's.
-
-What is timed:
-  infer  ``jit(model.apply)`` vs ``model.eval()`` under ``torch.inference_mode``.
-  train  forward + softmax cross-entropy + backward + AdamW: one ``jax.jit``
-         step (state donated) vs torch eager (``zero_grad / backward / step``).
-  bfloat16: JAX computes in bf16 with float32 parameters; torch under
-         ``torch.autocast('cpu', dtype=torch.bfloat16)``.
-Each side runs in its own child process; rounds alternate (A B, B A, ...)
-and a ratio is the median of the per-round paired ratios, [min-max]. Several
-values of ``--model``, ``--batch`` or ``--image-size`` run one such
-comparison per point and end with a table of all of them, the analytic
-FLOPs (``flops.py``) beside the time.
+``--model``: our variant (the peer: torchvision's model) or a timm name
+(timm's model; ours loads its weights with ``formats.from_timm``). Peers
+(``--peer``, repeatable): ``torch`` (eager; the default), ``torch.compile``,
+``stablehlo`` / ``savedmodel`` / ``onnxruntime`` (our model exported by
+``python -m vit_jax.export``, run by jax.export / TensorFlow / onnxruntime;
+inference, float32), ``none``. Every side gets the same weights and inputs.
+infer: ``jit(model.apply)`` vs ``model.eval()`` under inference_mode; train:
+forward + cross-entropy + backward + AdamW, one jitted step (state donated)
+vs torch eager; bfloat16: JAX in bf16 with float32 parameters, torch under
+``torch.autocast``. Several values of ``--model``, ``--batch`` or
+``--image-size`` make a sweep: one comparison per point, then one table.
 """
 
 from __future__ import annotations
@@ -127,67 +116,87 @@ def is_timm(name: str) -> bool:
 def contestants(args, timm: bool) -> list:
   peers = list(dict.fromkeys((args.peer or ["torch"]) + (
       ["torch.compile"] if args.torch_compile else [])))
-  if args.mode == "train" or args.dtype != "float32":
-    if set(peers) & set(RUNTIMES):
-      raise SystemExit(f"--peer {'/'.join(RUNTIMES)}: exported models are "
-                       "timed in inference, float32")
+  if set(peers) & set(RUNTIMES) and (args.mode, args.dtype) != ("infer",
+                                                                "float32"):
+    raise SystemExit(f"--peer {'/'.join(RUNTIMES)}: exported models are "
+                     "timed in inference, float32")
   out = [harness.Contestant(
       "jax", "jax", xla_flags=args.xla_flags,
       options={"model_overrides": parse_overrides(args.jax_opt),
                "donate": not args.no_donate})]
   threads = {"threads": args.torch_threads}
   for p in peers:
-    if p == "torch":
-      out.append(harness.Contestant("timm" if timm else "torch", "torch",
-                                    options=threads))
-    elif p == "torch.compile":
-      out.append(harness.Contestant(p, "torch", options=dict(
-          threads, torch_compile=True)))
+    if p in ("torch", "torch.compile"):
+      out.append(harness.Contestant(
+          p if p != "torch" else "timm" if timm else "torch", "torch",
+          options=dict(threads, torch_compile=p != "torch")))
     elif p != "none":
       out.append(harness.Contestant(p, p, env={"TF_CPP_MIN_LOG_LEVEL": "2"}))
   return out
 
 
-def key(label: str) -> str:
-  return label.replace(".", "_")
+def _fmt(v, spec: str) -> str:
+  return "-" if v is None else spec.format(v)
+
+
+def rows(res, gflop=None, best=None) -> list:
+  """The lines of a run's table (bench.py, ab.py): throughput, paired
+  ratio against the reference [min-max], CPU time, analytic GFLOP/s and
+  its share of the best GEMM, compile time, the largest logits (or
+  first-loss) difference from the reference's."""
+  ref, batch = res["reference"], res["workload"]["batch"]
+  out = [f"{'':15s} {'img/s':>8s} {'min-max':>15s} {'ms/step':>8s} "
+         f"{'GFLOP/s':>8s} {'% GEMM':>6s} {'vs ' + ref:>20s} "
+         f"{'cpu ratio':>9s} {'compile':>7s} {'cpu use':>7s} {'others':>6s} "
+         f"{'max|diff|':>9s}"]
+  for lab, c in res["contestants"].items():
+    ips, r = c["img_per_sec"], c["ratio_vs_reference"]
+    rate = gflop * ips["median"] if gflop else None
+    out.append(
+        f"{lab:15s} {ips['median']:8.2f} {ips['min']:7.2f}-{ips['max']:<7.2f} "
+        f"{1000 * batch / ips['median']:8.1f} {_fmt(rate, '{:.1f}'):>8s} "
+        f"{machine.percent_of(rate, best) if rate else '-':>6s} "
+        f"{r['median']:8.3f}x [{r['min']:.2f}-{r['max']:.2f}] "
+        f"{c['cpu_ratio_vs_reference']['median']:8.3f}x "
+        f"{_fmt(c.get('compile_s'), '{:.1f}s'):>7s} "
+        f"{c['cpu_use']['median']:7.2f} {c['other_load']['median']:6.2f} "
+        f"{_fmt(c.get('check_max_abs_diff'), '{:.1e}'):>9s}")
+  return out + [
+      f"vs {ref}: median of per-round paired img/s ratios; cpu ratio: "
+      f"{ref}'s CPU-seconds per image over this one's (a load-robust "
+      f"cross-check); cpu use in cores (well under "
+      f"{res['cpu_count']}: starved); others: cores other processes used"]
 
 
 def summarise(res, w: harness.Workload, gemms=None) -> dict:
   """The flat JSON record of one point (headline numbers first)."""
   c = res["contestants"]
-  peers = [lab for lab in c if lab != "jax"]
   rec = {"model": w.name, "mode": w.mode, "dtype": w.dtype, "batch": w.batch,
          "image_size": w.image_size,
          "jax_img_per_sec": c["jax"]["img_per_sec"]["median"]}
-  for i, lab in enumerate(peers):
-    rows = res["rounds"]
+  for i, lab in enumerate(k for k in c if k != "jax"):
     ratio = harness.summary([r["jax"]["img_per_sec"] / r[lab]["img_per_sec"]
-                             for r in rows])
-    rec[f"{key(lab)}_img_per_sec"] = c[lab]["img_per_sec"]["median"]
-    c[lab]["jax_over"] = ratio
-    if i == 0:
+                             for r in res["rounds"]])
+    rec[f"{lab.replace('.', '_')}_img_per_sec"] = c[lab]["img_per_sec"][
+        "median"]
+    rec[f"ratio_vs_{lab.replace('.', '_')}"] = ratio["median"]
+    if i == 0:  # the first peer: the headline
       rec.update(ratio=ratio["median"], ratio_min=ratio["min"],
-                 ratio_max=ratio["max"],
+                 ratio_max=ratio["max"], peer=lab,
                  check_max_abs_diff=c[lab].get("check_max_abs_diff"),
-                 cpu_time_ratio=harness.summary(
-                     [r[lab]["cpu_ms_per_img"] / r["jax"]["cpu_ms_per_img"]
-                      for r in rows])["median"])
-    else:
-      rec[f"ratio_vs_{key(lab)}"] = ratio["median"]
+                 cpu_time_ratio=1 / c[lab]["cpu_ratio_vs_reference"]["median"])
   rec["gflop_per_image"] = rec["tokens"] = rec["attention_fraction"] = None
   if not w.timm:
-    v = w.variant()
     fb = flops_lib.vit_forward_flops(image_size=w.image_size,
-                                     **vars(v))
-    rec["gflop_per_image"] = flops_lib.step_flops(
-        v, w.image_size, w.mode, w.num_classes) / 1e9
-    rec["tokens"], rec["attention_fraction"] = (fb.tokens,
-                                                fb.attention_fraction)
+                                     **vars(w.variant()))
+    rec.update(gflop_per_image=flops_lib.step_flops(
+        w.variant(), w.image_size, w.mode, w.num_classes) / 1e9,
+               tokens=fb.tokens, attention_fraction=fb.attention_fraction)
   best = machine.roofline(gemms, w.dtype)
   rec["gemm_peak_gflops"] = best["gflops"] if best else None
   for lab, cont in c.items():
     if best and rec["gflop_per_image"]:
-      rec[f"{key(lab)}_pct_of_gemm_peak"] = (
+      rec[f"{lab.replace('.', '_')}_pct_of_gemm_peak"] = (
           100.0 * rec["gflop_per_image"] * cont["img_per_sec"]["median"] /
           best["gflops"])
   rec.update(jax_compile_s=c["jax"]["compile_s"], rounds=len(res["rounds"]),
@@ -196,72 +205,34 @@ def summarise(res, w: harness.Workload, gemms=None) -> dict:
   return rec
 
 
-def _fmt(v, spec: str) -> str:
-  return "-" if v is None else spec.format(v)
-
-
 def format_table(rec: dict) -> str:
-  res, gflop = rec["details"], rec["gflop_per_image"]
-  w = res["workload"]
-  best = machine.roofline(rec.get("gemms"), w["dtype"])
-  isa = (rec.get("machine") or {}).get("isa", {})
-  note = None
-  if w["dtype"] == "bfloat16" and not (isa.get("AVX512-BF16") or
-                                       isa.get("AMX-BF16")):
-    note = ("bfloat16 on a CPU without bf16 arithmetic: vit_jax runs the "
-            "dense layers' GEMMs in float32 here (kernels.choose_dense).")
+  res, gflop, w = rec["details"], rec["gflop_per_image"], rec
+  isa = rec["machine"].get("isa", {})
+  lines = [machine.describe(rec["machine"]), rec.get("isa_line", "")]
+  if w["dtype"] == "bfloat16" and not isa.get("AVX512-BF16"):
+    lines.append("bfloat16 on a CPU without bf16 arithmetic: vit_jax runs "
+                 "the dense layers' GEMMs in float32 (kernels.choose_dense).")
   elif w["dtype"] == "bfloat16" and rec.get("isa") == "avx2":
-    note = ("bfloat16, AVX2 emulated: vit_jax picks its bf16 GEMMs from this "
-            "CPU's real AVX512-BF16: not an AVX2 CPU's numbers.")
-  lines = [machine.describe(rec["machine"]), rec.get("isa_line", ""), note,
-           f"{w['name']}  {w['mode']}  {w['dtype']}  batch {w['batch']}  "
-           f"{w['image_size']}x{w['image_size']}  |  {rec['rounds']} "
-           f"alternating rounds, {res['cpu_count']} CPUs, load avg "
-           f"{res['load_avg_1m']:.1f}" + (
-               f"  |  {gflop:.2f} GFLOP/image (analytic"
-               f"{', train = 3x forward' if w['mode'] == 'train' else ''})"
-               if gflop else ""), "",
-           f"{'':15s} {'img/s':>8s} {'min-max':>15s} {'ms/step':>9s} "
-           f"{'GFLOP/s':>8s} {'% GEMM':>7s} {'jax / this':>18s} "
-           f"{'compile':>8s} {'cpu use':>8s} {'others':>7s} "
-           f"{'cpu ms/img':>10s} {'max|diff|':>9s}"]
-  for lab, c in res["contestants"].items():
-    ips, r = c["img_per_sec"], c.get("jax_over")
-    rate = gflop * ips["median"] if gflop else None
-    cells = [_fmt(rate, "{:.1f}"), machine.percent_of(rate, best) if rate
-             else "-", "-" if r is None else
-             f"{r['median']:.2f}x [{r['min']:.2f}-{r['max']:.2f}]",
-             _fmt(c.get("compile_s"), "{:.1f}s")]
-    lines.append(
-        f"{'torch (eager)' if lab == 'torch' else lab:15s} "
-        f"{ips['median']:8.2f} {ips['min']:7.2f}-{ips['max']:<7.2f} "
-        f"{1000 * w['batch'] / ips['median']:9.1f} {cells[0]:>8s} "
-        f"{cells[1]:>7s} {cells[2]:>18s} {cells[3]:>8s} "
-        f"{c['cpu_use']['median']:8.2f} {c['other_load']['median']:7.2f} "
-        f"{c['cpu_ms_per_img']['median']:10.1f} "
-        f"{_fmt(c.get('check_max_abs_diff'), '{:.1e}'):>9s}")
-  lines.append("")
+    lines.append("bfloat16, AVX2 emulated: vit_jax picks its bf16 GEMMs from "
+                 "this CPU's real AVX512-BF16: not an AVX2 CPU's numbers.")
+  lines += [f"{w['model']}  {w['mode']}  {w['dtype']}  batch {w['batch']}  "
+            f"{w['image_size']}x{w['image_size']}  |  {rec['rounds']} "
+            f"alternating rounds, load avg {res['load_avg_1m']:.1f}" + (
+                f"  |  {gflop:.2f} GFLOP/image (analytic"
+                f"{', train = 3x forward' if w['mode'] == 'train' else ''})"
+                if gflop else ""), ""]
+  lines += rows(res, gflop, machine.roofline(rec.get("gemms"), w["dtype"]))
   if "ratio" in rec:
-    what = "logits" if w["mode"] == "infer" else "first-step loss"
-    lines += [f"CPU-time ratio (the first peer's CPU-seconds per image / "
-              f"JAX's) = {rec['cpu_time_ratio']:.2f}x: a load-robust "
-              f"cross-check, inflated by spin-waiting thread pools",
-              f"max|diff|: largest |{what} - JAX's|; jax / this: median of "
-              f"per-round paired img/s ratios [min-max]"]
+    lines.append(f"ratio jax/{rec['peer']} = {rec['ratio']:.2f}x [min "
+                 f"{rec['ratio_min']:.2f}x, max {rec['ratio_max']:.2f}x]; "
+                 f"CPU-time ratio {rec['cpu_time_ratio']:.2f}x")
   if rec.get("gemms"):
     lines += ["", machine.format_gemms(rec["gemms"], w["dtype"])]
-  info = res["contestants"]["jax"]["info"]
-  if info.get("xla_flags"):
-    lines.append(f"XLA_FLAGS: {info['xla_flags']}")
   for lab, c in res["contestants"].items():
-    v = {k: c["info"][k] for k in ("jax", "torch", "threads", "tensorflow",
-                                   "onnxruntime", "intra_op_threads",
-                                   "export_s") if k in c["info"]}
-    lines.append(f"{lab}: " + ", ".join(f"{k} {x}" for k, x in v.items()))
-  lines.append(f"cpu use = CPU-seconds per second (well under "
-               f"{res['cpu_count']} = starved); others = cores used by "
-               "other processes meanwhile (median; noise)")
-  return "\n".join(line for line in lines if line is not None)
+    lines.append(f"{lab}: " + ", ".join(f"{k} {c['info'][k]}" for k in (
+        "jax", "xla_flags", "torch", "threads", "tensorflow", "onnxruntime",
+        "intra_op_threads", "export_s") if c["info"].get(k)))
+  return "\n".join(lines)
 
 
 def format_sweep(recs) -> str:
@@ -275,16 +246,16 @@ def format_sweep(recs) -> str:
     b = first.setdefault(r["model"], r)
     pred = (1000.0 / b["jax_img_per_sec"] * r["gflop_per_image"] /
             b["gflop_per_image"] if r["gflop_per_image"] else None)
-    pct = (None if pred is None else 100 * r["attention_fraction"])
-    peers = {k: v for k, v in r["details"]["contestants"].items()
-             if k != "jax"}
+    pct = None if pred is None else 100 * r["attention_fraction"]
     lines.append(
         f"{r['model']:24s} {r['batch']:5d} {r['image_size']:4d} "
         f"{r['tokens'] or '-':>6} {_fmt(r['gflop_per_image'], '{:.1f}'):>9s} "
         f"{_fmt(pct, '{:.1f}%'):>6s} {r['jax_img_per_sec']:10.2f} "
         f"{1000.0 / r['jax_img_per_sec']:8.1f} {_fmt(pred, '{:.1f}'):>8s}  " +
         ", ".join(f"{k} {c['img_per_sec']['median']:.2f} "
-                  f"({c['jax_over']['median']:.2f}x)" for k, c in peers.items()))
+                  f"({r['ratio_vs_' + k.replace('.', '_')]:.2f}x)"
+                  for k, c in r["details"]["contestants"].items()
+                  if k != "jax"))
   return "\n".join(lines)
 
 
@@ -298,20 +269,17 @@ def main(argv=None):
                                    if not is_timm(m)], dtypes=(args.dtype,))
   recs, info = [], machine.cpu_info()
   for m, s, b in points:
-    timm = is_timm(m)
     w = harness.Workload(name=m, mode=args.mode, dtype=args.dtype, batch=b,
-                         image_size=s, warmup=args.warmup, timm=timm,
+                         image_size=s, warmup=args.warmup, timm=is_timm(m),
                          layers=args.layers)
     harness.log(f"== {m} batch {b} {s}px")
-    res = harness.run(w, contestants(args, timm), rounds=args.rounds,
+    res = harness.run(w, contestants(args, w.timm), rounds=args.rounds,
                       round_s=args.round_seconds, quiet_load=args.quiet_load,
                       max_retries=args.max_retries, reference="jax",
                       wait_quiet_s=args.wait_quiet, cpus=args.cpus)
     res["machine"] = info
-    rec = summarise(res, w, gemms)
-    rec["isa"], rec["isa_line"] = args.isa, isa_line
-    recs.append(rec)
-    harness.emit(format_table(rec), rec, args.json)
+    rec = dict(summarise(res, w, gemms), isa=args.isa, isa_line=isa_line)
+    recs.append(harness.emit(format_table(rec), rec, args.json))
   if len(recs) > 1:
     print("\n" + format_sweep(recs), file=sys.stderr if args.json else
           sys.stdout)

@@ -76,8 +76,8 @@ class Workload:
 
 
 def emit(table: str, rec: Any, as_json: bool):
-  """Prints a result: the table, or (``--json``) the table on stderr and
-  the record on stdout. Returns the record."""
+  """Prints the table, and with ``--json`` (the table then on stderr) the
+  record; returns the record."""
   print(table, file=sys.stderr if as_json else sys.stdout)
   if as_json:
     print(json.dumps(rec))
@@ -88,9 +88,7 @@ def log(msg: str):
   print(msg, file=sys.stderr, flush=True)
 
 
-# --------------------------------------------------------------------------- #
 # The machine's load.
-# --------------------------------------------------------------------------- #
 
 
 def _proc_stat_cpu() -> List[float]:
@@ -129,9 +127,7 @@ def wait_for_quiet(max_wait_s: float, quiet_load: float,
       return load
 
 
-# --------------------------------------------------------------------------- #
 # Child processes.
-# --------------------------------------------------------------------------- #
 
 
 def child_env(framework: str, env: Optional[Dict[str, str]] = None,
@@ -155,8 +151,7 @@ def child_env(framework: str, env: Optional[Dict[str, str]] = None,
   return out
 
 
-def _affinity(cpus):
-  # Both frameworks size their thread pools from the affinity mask.
+def _affinity(cpus):  # both frameworks size their pools from the mask
   return (lambda: os.sched_setaffinity(0, cpus)) if cpus else None
 
 

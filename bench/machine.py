@@ -34,14 +34,9 @@ if __package__ in (None, ""):  # `python bench/machine.py`
 from bench import harness  # pylint: disable=wrong-import-position
 
 # /proc/cpuinfo flag -> the name printed in tables.
-ISA_FLAGS = {
-    "avx2": "AVX2",
-    "avx512f": "AVX-512",
-    "avx512_bf16": "AVX512-BF16",
-    "avx512_vnni": "AVX512-VNNI",
-    "amx_bf16": "AMX-BF16",
-    "amx_tile": "AMX-TILE",
-}
+ISA_FLAGS = {"avx2": "AVX2", "avx512f": "AVX-512", "avx512_bf16": "AVX512-BF16",
+             "avx512_vnni": "AVX512-VNNI", "amx_bf16": "AMX-BF16",
+             "amx_tile": "AMX-TILE"}
 
 # (framework, dtype) -> how the tables name it.
 GEMM_KINDS = {
@@ -53,9 +48,7 @@ GEMM_KINDS = {
 SQUARE = (2048, 2048, 2048)
 
 
-# --------------------------------------------------------------------------- #
 # The CPU.
-# --------------------------------------------------------------------------- #
 
 
 def _uarch(vendor: str, family: Optional[int], model: Optional[int]):
@@ -105,17 +98,13 @@ def parse_cpuinfo(text: str) -> Dict[str, Any]:
 
 
 def cpu_info() -> Dict[str, Any]:
-  """This machine: :func:`parse_cpuinfo` of /proc/cpuinfo, plus the CPUs
-  this process may run on."""
+  """This machine's /proc/cpuinfo, and the CPUs this process may use."""
   try:
     with open("/proc/cpuinfo") as f:
       info = parse_cpuinfo(f.read())
   except OSError:
     info = parse_cpuinfo("")
-  try:
-    info["cpus"] = len(os.sched_getaffinity(0))
-  except AttributeError:
-    info["cpus"] = os.cpu_count()
+  info["cpus"] = len(os.sched_getaffinity(0))
   return info
 
 
@@ -184,9 +173,7 @@ def describe(info: Optional[Dict[str, Any]] = None) -> str:
           f"AVX512-VNNI {yes('AVX512-VNNI')}, AMX {amx}")
 
 
-# --------------------------------------------------------------------------- #
 # GEMM rates.
-# --------------------------------------------------------------------------- #
 
 
 def model_gemm_shapes(name: str, batch: int, image_size: int = 224

@@ -51,9 +51,7 @@ ABLATIONS = {
 _TINY = 1e-30
 
 
-# --------------------------------------------------------------------------- #
-# JAX: HLO instructions -> groups
-# --------------------------------------------------------------------------- #
+# JAX: HLO instructions -> groups.
 
 _INSTR = re.compile(r"^\s*(?:ROOT )?%?([\w.\-]+) = ([^=]+?) (\w[\w\-]*)\(")
 _CALLS = re.compile(r"(?:calls|to_apply|body|condition)=%?([\w.\-]+)")
@@ -153,12 +151,8 @@ def thunk_times(trace_dir: str):
   return out
 
 
-def _variants(spec):
-  return [""] + list(ABLATIONS) + ["all"] if spec.get("ablate") else [""]
-
-
-def _groups(variant):
-  return list(ABLATIONS) if variant == "all" else [variant] if variant else []
+# Each ablation variant: the groups its stand-ins replace.
+VARIANTS = {"": [], **{g: [g] for g in ABLATIONS}, "all": list(ABLATIONS)}
 
 
 def _median_step_ms(step, steps: int) -> float:
@@ -170,20 +164,21 @@ def _median_step_ms(step, steps: int) -> float:
   return sorted(times)[len(times) // 2] * 1e3
 
 
-def _fingerprint(out) -> list:
-  """The first step's loss (or first logits): a stand-in that replaced
-  nothing would leave it as it is."""
-  return [float(v) for v in out.ravel()[:4]]
-
-
-def _rotate(runs, spec) -> dict:
-  """{variant: [median ms of ``steps`` steps, per round]}, the variants in
-  rotation, the order reversed every other round."""
-  order, walls = list(runs), {v: [] for v in runs}
-  for r in range(spec["rounds"]):
-    for v in (order if r % 2 == 0 else order[::-1]):
-      walls[v].append(_median_step_ms(runs[v], spec["steps"]))
-  return walls
+def _finish(spec, runs, first, profile):
+  """--ablate: {variant: [median ms of ``steps`` steps, per round]}, the
+  variants in rotation (the order reversed every other round), and each
+  one's first loss (a stand-in that replaced nothing would leave it).
+  Else: the full step's wall ms and its ops grouped by ``profile``."""
+  if spec["ablate"]:
+    order, walls = list(runs), {v: [] for v in runs}
+    for r in range(spec["rounds"]):
+      for v in (order if r % 2 == 0 else order[::-1]):
+        walls[v].append(_median_step_ms(runs[v], spec["steps"]))
+    return {"walls": walls, "first": first}
+  wall = _median_step_ms(runs[""], spec["steps"])
+  groups, detail = profile(runs[""])
+  return dict(wall_ms=wall, groups=dict(groups),
+              top=detail.most_common(spec["top"]))
 
 
 def _jax_stand_ins(kernels, groups):
@@ -218,64 +213,48 @@ def _jax(spec):
   y = jnp.asarray(rng.integers(0, 1000, b), jnp.int32)
   saved = {k: getattr(kernels, k) for k in ("attention", "layer_norm",
                                             "bias_gelu")}
-  runs, first, compiled = {}, {}, None
-  for v in _variants(spec):
-    _jax_stand_ins(kernels, _groups(v))
+  runs, first, compiled = {}, {}, {}
+  for v in VARIANTS if spec["ablate"] else [""]:
+    _jax_stand_ins(kernels, VARIANTS[v])
     try:
-      model = models.get_model(spec["model"], num_classes=1000,
-                               **({"num_layers": spec["layers"]}
-                                  if spec["layers"] else {}))
+      model = models.get_model(spec["model"], num_classes=1000, **(
+          {"num_layers": spec["layers"]} if spec["layers"] else {}))
       variables = models.init_params(model, s)
       # Both frameworks zero the head at init: give it weights.
       head = variables["params"]["head"]
       head["kernel"] = 0.02 * jax.random.normal(jax.random.key(0),
                                                 head["kernel"].shape)
-      if spec["mode"] == "train":
-        tx = steps.adamw()
-        st = [variables["params"], tx.init(variables["params"])]
-        compiled = steps.make_train_step(model, tx).lower(*st, x, y).compile()
-
-        def step(c=compiled, st=st):
-          st[0], st[1], loss = c(st[0], st[1], x, y)
-          return jax.block_until_ready(loss)
-      else:
-        compiled = steps.make_infer_step(model).lower(variables, x).compile()
-        step = (lambda c=compiled, v=variables:
-                jax.block_until_ready(c(v, x)))
+      tx = steps.adamw()
+      compiled[v] = steps.lower(model, spec["mode"], variables, x, y,
+                                tx).compile()
+      step = steps.runner(compiled[v], spec["mode"], variables, x, y, tx)
     finally:
       for k, f in saved.items():
         setattr(kernels, k, f)
-    first[v] = _fingerprint(np.asarray(step()))
+    first[v] = [float(o) for o in np.asarray(step()).ravel()[:4]]
     for _ in range(spec["warmup"]):
       step()
     runs[v] = step
-  if spec.get("ablate"):
-    return {"walls": _rotate(runs, spec), "first": first}
-  step = runs[""]
-  t0 = time.perf_counter()
-  for _ in range(spec["steps"]):
-    step()
-  wall = (time.perf_counter() - t0) / spec["steps"]
-  with tempfile.TemporaryDirectory(prefix="vit_jax_ops_") as d:
-    jax.profiler.start_trace(d)
-    for _ in range(spec["steps"]):
-      step()
-    jax.profiler.stop_trace()
-    times = thunk_times(d)
-  instrs, comps = parse_hlo(compiled.as_text())
-  groups, detail = collections.Counter(), collections.Counter()
-  for name, ps in times.items():
-    g = group_of(*_inner(name, instrs, comps)) if name in instrs else (
-        "loss + other")
-    groups[g] += ps / 1e9 / spec["steps"]  # ms per step
-    detail[f"{g}: {name}"] += ps / 1e9 / spec["steps"]
-  return dict(wall_ms=wall * 1e3, groups=dict(groups),
-              top=detail.most_common(spec["top"]))
+
+  def profile(step):
+    with tempfile.TemporaryDirectory(prefix="vit_jax_ops_") as d:
+      jax.profiler.start_trace(d)
+      for _ in range(spec["steps"]):
+        step()
+      jax.profiler.stop_trace()
+      times = thunk_times(d)
+    instrs, comps = parse_hlo(compiled[""].as_text())
+    groups, detail = collections.Counter(), collections.Counter()
+    for name, ps in times.items():
+      g = group_of(*_inner(name, instrs, comps)) if name in instrs else (
+          "loss + other")
+      groups[g] += ps / 1e9 / spec["steps"]  # ms per step
+      detail[f"{g}: {name}"] += ps / 1e9 / spec["steps"]
+    return groups, detail
+  return _finish(spec, runs, first, profile)
 
 
-# --------------------------------------------------------------------------- #
-# torch
-# --------------------------------------------------------------------------- #
+# torch.
 
 _TORCH_LAYOUT = {"aten::copy_", "aten::clone", "aten::contiguous",
                  "aten::transpose", "aten::permute", "aten::_to_copy",
@@ -365,7 +344,7 @@ def _torch(spec):
   x = torch.from_numpy(rng.standard_normal((b, 3, s, s)).astype(np.float32))
   y = torch.from_numpy(rng.integers(0, 1000, b))
   runs, first = {}, {}
-  for variant in _variants(spec):
+  for variant in VARIANTS if spec["ablate"] else [""]:
     torch.manual_seed(0)
     model = torchvision.models.VisionTransformer(
         image_size=s, patch_size=v["patch_size"],
@@ -374,55 +353,42 @@ def _torch(spec):
         mlp_dim=v["mlp_dim"], num_classes=1000)
     with torch.no_grad():
       model.heads.head.weight.normal_(0.0, 0.02)
-    if spec["mode"] == "train":
-      model.train()
-      opt = torch.optim.AdamW(model.parameters(), lr=1e-3, weight_decay=0.05)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3, weight_decay=0.05)
+    model.train(spec["mode"] == "train")
 
-      def run(model=model, opt=opt):
+    def step(model=model, opt=opt, groups=VARIANTS[variant]):
+      saved = _torch_stand_ins(F, groups)
+      try:
+        if spec["mode"] != "train":
+          with torch.inference_mode():
+            return model(x)
         opt.zero_grad(set_to_none=True)
         loss = torch.nn.functional.cross_entropy(model(x), y)
         loss.backward()
         opt.step()
         return loss.detach()
-    else:
-      model.eval()
-
-      def run(model=model):
-        with torch.inference_mode():
-          return model(x)
-
-    def step(run=run, groups=_groups(variant)):
-      saved = _torch_stand_ins(F, groups)
-      try:
-        return run()
       finally:
         for k, f in saved.items():
           setattr(F, k, f)
-    first[variant] = _fingerprint(step().numpy())
+    first[variant] = [float(o) for o in step().numpy().ravel()[:4]]
     for _ in range(spec["warmup"]):
       step()
     runs[variant] = step
-  if spec.get("ablate"):
-    return {"walls": _rotate(runs, spec), "first": first}
-  step = runs[""]
-  t0 = time.perf_counter()
-  for _ in range(spec["steps"]):
-    step()
-  wall = (time.perf_counter() - t0) / spec["steps"]
-  with torch.profiler.profile(
-      activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
-    for _ in range(spec["steps"]):
-      step()
-  groups, detail = collections.Counter(), collections.Counter()
-  for ev in prof.events():
-    ms = ev.self_cpu_time_total / 1e3 / spec["steps"]
-    if ms > 0:
-      g = torch_group(ev.name, _under_optimizer(ev))
-      groups[g] += ms
-      detail[f"{g}: {ev.name}"] += ms
-  return dict(wall_ms=wall * 1e3, groups=dict(groups),
-              top=detail.most_common(spec["top"]),
-              threads=torch.get_num_threads())
+
+  def profile(step):
+    with torch.profiler.profile(
+        activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
+      for _ in range(spec["steps"]):
+        step()
+    groups, detail = collections.Counter(), collections.Counter()
+    for ev in prof.events():
+      ms = ev.self_cpu_time_total / 1e3 / spec["steps"]
+      if ms > 0:
+        g = torch_group(ev.name, _under_optimizer(ev))
+        groups[g] += ms
+        detail[f"{g}: {ev.name}"] += ms
+    return groups, detail
+  return _finish(spec, runs, first, profile)
 
 
 def child(spec):
@@ -430,9 +396,7 @@ def child(spec):
   return {"jax": _jax, "torch": _torch}[spec["framework"]](spec)
 
 
-# --------------------------------------------------------------------------- #
-# the parent
-# --------------------------------------------------------------------------- #
+# the parent.
 
 
 def _med(xs):

@@ -1,21 +1,15 @@
 """The one benchmark child process: every framework's side of a benchmark.
 
-    python -m bench.worker FRAMEWORK SPEC_JSON
+    python -m bench.worker KIND SPEC_JSON
 
-A long-lived contestant (``jax``, ``torch``, or an exported artifact in its
-runtime: ``stablehlo``, ``savedmodel``, ``onnxruntime``) talks to the parent
-(:mod:`bench.harness`) over stdin/stdout, one JSON object per line:
-
-  child -> parent   {"ready": true, "setup_s": ..., "compile_s": ...,
-                     "check": [...], "info": {...}}   once, after warm-up
-  parent -> child   {"cmd": "run", "iters": k}
-  child -> parent   {"wall_s": ..., "cpu_s": ..., "step_s": [...], ...}
-  parent -> child   {"cmd": "quit"}
-
-A one-shot ``kind`` (:data:`ONCE`: the torch weights, the in-process A/B,
-the lowered programs' hashes, the GEMM rates, the op profiles) prints one
-JSON result and exits (``harness.call``). Nothing here imports the other
-framework: the JAX side reads torch's weights from a ``.npz`` file.
+A contestant (``jax``, ``torch``, or an exported artifact in its runtime:
+``stablehlo``, ``savedmodel``, ``onnxruntime``) talks to the parent
+(:mod:`bench.harness`) over stdin/stdout, one JSON object per line: once
+ready ``{"ready": true, "setup_s", "compile_s", "check", "info"}``, then
+for each ``{"cmd": "run", "iters": k}`` a turn's ``{"wall_s", "cpu_s",
+"step_s", ...}``, until ``{"cmd": "quit"}``. A one-shot kind (:data:`ONCE`)
+prints one JSON result and exits (``harness.call``). Nothing imports the
+other framework: the JAX side reads torch's weights from a ``.npz`` file.
 """
 
 from __future__ import annotations
@@ -38,14 +32,10 @@ ISA_ENV = ("XLA_FLAGS", "ATEN_CPU_CAPABILITY", "ONEDNN_MAX_CPU_ISA",
 RATIOS = ((1, 1), (4, 3), (3, 4), (16, 9), (9, 16), (2, 1), (1, 2), (1, 3))
 
 
-def _cpu_seconds() -> float:
+def _counters() -> dict:  # CPU time, page faults, context switches
   r = resource.getrusage(resource.RUSAGE_SELF)
-  return r.ru_utime + r.ru_stime
-
-
-def _counters() -> dict:  # page faults, involuntary context switches
-  r = resource.getrusage(resource.RUSAGE_SELF)
-  return {"minflt": r.ru_minflt, "majflt": r.ru_majflt, "nivcsw": r.ru_nivcsw}
+  return {"cpu_s": r.ru_utime + r.ru_stime, "minflt": r.ru_minflt,
+          "majflt": r.ru_majflt, "nivcsw": r.ru_nivcsw}
 
 
 class _Mallinfo2(ctypes.Structure):
@@ -127,9 +117,7 @@ def naflex_inputs(spec, form: str, patch: int):
                              patch_size=patch, max_seq_len=tokens)
 
 
-def _send(obj):
-  sys.stdout.write(json.dumps(obj) + "\n")
-  sys.stdout.flush()
+_send = print  # main() sends on the real stdout
 
 
 def _serve(step, check, info, setup_s, compile_s, turn_extra=None):
@@ -151,24 +139,21 @@ def _serve(step, check, info, setup_s, compile_s, turn_extra=None):
     msg = json.loads(line)
     if msg["cmd"] == "quit":
       return
-    times, cnt0 = [], _counters()
-    cpu0, wall0 = _cpu_seconds(), time.perf_counter()
+    times, cnt0, wall0 = [], _counters(), time.perf_counter()
     for _ in range(int(msg["iters"])):
       t = time.perf_counter()
       step()
       times.append(time.perf_counter() - t)
-    wall, cpu = time.perf_counter() - wall0, _cpu_seconds() - cpu0
-    cnt = {k: v - cnt0[k] for k, v in _counters().items()}
-    _send(dict(cnt, wall_s=wall, cpu_s=cpu, step_s=times,
-               trimmed_before=trimmed, **(turn_extra() if turn_extra else {})))
+    wall = time.perf_counter() - wall0
+    _send(dict({k: v - cnt0[k] for k, v in _counters().items()}, wall_s=wall,
+               step_s=times, trimmed_before=trimmed,
+               **(turn_extra() if turn_extra else {})))
     # Between turns, never inside a timed one; the next reply says whether
     # it started on a trimmed heap (its pages to fault in again).
     trimmed = bool(heap.step()) if heap is not None else False
 
 
-# --------------------------------------------------------------------------- #
-# torch
-# --------------------------------------------------------------------------- #
+# torch.
 
 
 def _torch_model(spec):
@@ -251,9 +236,7 @@ def torch_main(spec):
          setup_s, compile_s if spec.get("torch_compile") else None)
 
 
-# --------------------------------------------------------------------------- #
-# JAX
-# --------------------------------------------------------------------------- #
+# JAX.
 
 
 def _overrides(spec):
@@ -279,16 +262,6 @@ def _jax_model(spec, **overrides):
       {"num_layers": spec["variant"]["num_layers"]}, **overrides))
 
 
-def _train_runner(compiled, state, x, y):
-  import jax  # pylint: disable=import-outside-toplevel
-
-  def step():
-    state[0], state[1], loss = compiled(state[0], state[1], x, y)
-    jax.block_until_ready(state)
-    return loss.block_until_ready()
-  return step
-
-
 def jax_main(spec):
   t0 = time.perf_counter()
   import jax  # pylint: disable=import-outside-toplevel
@@ -300,55 +273,37 @@ def jax_main(spec):
   variables = jax.device_put(variables)
   images, labels = _inputs(spec)
   x, y = jnp.asarray(images), jnp.asarray(labels.astype(np.int32))
+  tx = steps.adamw(spec["lr"], spec["weight_decay"])
   t = time.perf_counter()
-  if spec["mode"] == "infer":
-    compiled = steps.make_infer_step(model).lower(variables, x).compile()
-    run = lambda: compiled(variables, x).block_until_ready()
-  else:
-    tx = steps.adamw(spec["lr"], spec["weight_decay"])
-    state = [variables["params"], tx.init(variables["params"])]
-    fn = steps.make_train_step(model, tx, donate=spec.get("donate", True))
-    compiled = fn.lower(*state, x, y).compile()
-    run = _train_runner(compiled, state, x, y)
+  compiled = steps.lower(model, spec["mode"], variables, x, y, tx,
+                         donate=spec.get("donate", True)).compile()
+  run = steps.runner(compiled, spec["mode"], variables, x, y, tx)
   compile_s = time.perf_counter() - t
-  release = [lambda: None]  # the step's temporaries freed (ReleaseWait)
-
-  def step():
-    out = run()
-    release[0]()
-    return out
   mem = steps.peak_bytes(compiled)
+  # Waits for XLA to free the step's temporaries (settled after warm-up).
+  wait = ReleaseWait(mem["temp"] if spec.get("release_wait", True) else 0)
+  step = lambda: (run(), wait())[0]
   setup_s = time.perf_counter() - t0 - compile_s
   check = np.asarray(step(), np.float32)
   for _ in range(spec["warmup"]):
     step()
-  if spec.get("release_wait", True):
-    release[0] = ReleaseWait(mem["temp"])
-    release[0].settle()
-  wait = release[0]
-  info = {"jax": jax.__version__, "devices": str(jax.devices()),
-          "xla_flags": os.environ.get("XLA_FLAGS", ""),
-          "overrides": {k: str(v) for k, v in overrides.items()},
-          # which checkout ran (ab.py's src=)
-          "vit_jax": os.path.dirname(os.path.abspath(vit_jax.__file__)),
-          "memory": mem, "release_wait": getattr(wait, "limit", None)
-          is not None}
-  last = [0.0, 0]
+  wait.settle()
 
-  def turn_extra():
-    """Seconds this turn waited for the temporaries; waits that gave up."""
-    now = [getattr(wait, "waited_s", 0.0), getattr(wait, "timeouts", 0)]
-    out = {"release_wait_s": now[0] - last[0],
-           "release_timeouts": now[1] - last[1]}
-    last[:] = now
+  def turn_extra():  # this turn's wait for the temporaries
+    out = {"release_wait_s": wait.waited_s, "release_timeouts": wait.timeouts}
+    wait.waited_s, wait.timeouts = 0.0, 0
     return out
-  _serve(step, check, info, setup_s, compile_s, turn_extra)
+  _serve(step, check, {
+      "jax": jax.__version__, "devices": str(jax.devices()),
+      "xla_flags": os.environ.get("XLA_FLAGS", ""),
+      "overrides": {k: str(v) for k, v in overrides.items()},
+      # which checkout ran (ab.py's src=)
+      "vit_jax": os.path.dirname(os.path.abspath(vit_jax.__file__)),
+      "memory": mem, "release_wait": wait.limit is not None},
+         setup_s, compile_s, turn_extra)
 
 
-# --------------------------------------------------------------------------- #
-# Exported artifacts in their runtimes (python -m vit_jax.export's formats)
-# --------------------------------------------------------------------------- #
-
+# Exported artifacts in their runtimes (python -m vit_jax.export's formats).
 FORMATS = {"stablehlo": "stablehlo", "savedmodel": "savedmodel",
            "onnxruntime": "onnx"}
 
@@ -396,24 +351,23 @@ def runtime_main(framework: str, spec):
   _serve(step, check, dict(info, export_s=export_s), setup_s, first_s)
 
 
-# --------------------------------------------------------------------------- #
-# One-shot kinds
-# --------------------------------------------------------------------------- #
+# One-shot kinds.
 
 
 def inprocess(spec):
-  """ab.py --in-process: every configuration's step compiled here (from
-  shapes: trace + lower and XLA compile timed, XLA's memory analysis),
-  then, with ``steps`` > 0, stepped in rotation one step at a time
-  (A B C, B C A, ...); per step its time and page faults."""
+  """ab.py --in-process: every configuration's step lowered here from
+  shapes (a hash of its StableHLO: ab.py --same-graph), compiled (trace +
+  lower and XLA compile timed, XLA's memory analysis), then, with
+  ``steps`` > 0, stepped in rotation one step at a time (A B C, B C A,
+  ...); per step its time and page faults."""
   import jax  # pylint: disable=import-outside-toplevel
   import jax.numpy as jnp  # pylint: disable=import-outside-toplevel
   from bench import steps  # pylint: disable=import-outside-toplevel
   from vit_jax import models  # pylint: disable=import-outside-toplevel
+  if spec.get("src") and not models.__file__.startswith(spec["src"]):
+    raise RuntimeError(f"src={spec['src']}: imported {models.__file__}")
   images, labels = _inputs(spec)
   y = jnp.asarray(labels.astype(np.int32))
-  shape = lambda t: jax.tree_util.tree_map(  # noqa: E731
-      lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype), t)
   runs, info = {}, {}
   for cfg in spec["configs"]:
     jax.clear_caches()
@@ -422,37 +376,26 @@ def inprocess(spec):
     form = cfg.get("input") or "square"
     x = jax.tree_util.tree_map(jnp.asarray, images if form == "square" else
                                naflex_inputs(spec, form, model.patch_size))
-    opts = cfg["compiler_options"] or None
-    params = jax.eval_shape(lambda m=model: models.init_params(
-        m, spec["image_size"], spec["seed"]))
-    if spec["mode"] == "infer":
-      fn, args = steps.make_infer_step(model, compiler_options=opts), (params,
-                                                                        x)
-    else:
-      tx = steps.adamw(spec["lr"], spec["weight_decay"])
-      fn = steps.make_train_step(model, tx, donate=cfg["donate"],
-                                 compiler_options=opts)
-      p = params["params"]
-      args = (p, jax.eval_shape(tx.init, p), x, y)
+    tx = steps.adamw(spec["lr"], spec["weight_decay"])
     t0 = time.perf_counter()
-    lowered = fn.lower(*shape(args))
-    t1 = time.perf_counter()
-    compiled = lowered.compile()
-    info[cfg["label"]] = {"lower_s": t1 - t0,
-                          "compile_s": time.perf_counter() - t1,
-                          "memory": steps.peak_bytes(compiled)}
-    if not spec["steps"]:
+    lowered = steps.lower(model, spec["mode"], jax.eval_shape(
+        lambda m=model: models.init_params(m, spec["image_size"])), x, y, tx,
+                          donate=cfg["donate"],
+                          compiler_options=cfg["compiler_options"] or None)
+    inf = info[cfg["label"]] = {"lower_s": time.perf_counter() - t0, "hash":
+                                hashlib.sha256(lowered.as_text().encode())
+                                .hexdigest()[:16]}
+    if spec.get("lower_only"):
       continue
-    variables = models.init_params(model, spec["image_size"], spec["seed"])
-    if spec["mode"] == "infer":
-      run = (lambda c=compiled, v=variables, x=x:
-             c(v, x).block_until_ready())
-    else:
-      p = variables["params"]
-      run = _train_runner(compiled, [p, tx.init(p)], x, y)
-    runs[cfg["label"]] = (run, ReleaseWait(
-        info[cfg["label"]]["memory"]["temp"]))
-    info[cfg["label"]]["check"] = float(jnp.asarray(run(), jnp.float32).sum())
+    t0 = time.perf_counter()
+    compiled = lowered.compile()
+    inf.update(compile_s=time.perf_counter() - t0,
+               memory=steps.peak_bytes(compiled))
+    if spec["steps"]:
+      run = steps.runner(compiled, spec["mode"], models.init_params(
+          model, spec["image_size"], spec["seed"]), x, y, tx)
+      runs[cfg["label"]] = (run, ReleaseWait(inf["memory"]["temp"]))
+      inf["check"] = float(jnp.asarray(run(), jnp.float32).sum())
   for run, release in runs.values():  # warm-up
     for _ in range(spec["warmup"]):
       run()
@@ -472,34 +415,6 @@ def inprocess(spec):
   return {"times": times, "faults": faults, "info": info}
 
 
-def hashes(spec):
-  """ab.py --same-graph: hashes of the lowered StableHLO of inference and
-  of a training gradient, float32 / bfloat16, unrolled / scanned, of this
-  checkout's (or ``src``'s) model; nothing is compiled or run."""
-  import jax  # pylint: disable=import-outside-toplevel
-  import jax.numpy as jnp  # pylint: disable=import-outside-toplevel
-  from vit_jax import models  # pylint: disable=import-outside-toplevel
-  if spec.get("src") and not models.__file__.startswith(spec["src"]):
-    raise RuntimeError(f"src={spec['src']}: imported {models.__file__}")
-  out = {}
-  b, s = spec["batch"], spec["image_size"]
-  x = jax.ShapeDtypeStruct((b, s, s, 3), jnp.float32)
-  h = lambda t: hashlib.sha256(t.encode()).hexdigest()[:16]  # noqa: E731
-  for dtype in ("float32", "bfloat16"):
-    for scan in (False, True):
-      m = models.get_model(spec["name"], **dict(
-          spec.get("model_overrides") or {}, dtype=jnp.dtype(dtype),
-          scan_layers=scan))
-      v = jax.eval_shape(lambda x, m=m: m.init(jax.random.key(0), x), x)
-      loss = lambda v, x, m=m: jnp.mean(m.apply(  # noqa: E731
-          v, x, train=True, rngs={"dropout": jax.random.key(1)}) ** 2)
-      out[f"{dtype} scan={scan}"] = {
-          "infer": h(jax.jit(lambda v, x, m=m: m.apply(v, x)).lower(
-              v, x).as_text()),
-          "train": h(jax.jit(jax.grad(loss)).lower(v, x).as_text())}
-  return out
-
-
 def _gemm(spec):
   from bench import machine  # pylint: disable=import-outside-toplevel
   return machine.gemm_child(spec)
@@ -510,8 +425,8 @@ def _ops(spec):
   return ops.child(spec)
 
 
-ONCE = {"weights": weights_main, "inprocess": inprocess, "hashes": hashes,
-        "gemm": _gemm, "ops": _ops}
+ONCE = {"weights": weights_main, "inprocess": inprocess, "gemm": _gemm,
+        "ops": _ops}
 
 
 def main():
@@ -524,10 +439,7 @@ def main():
   # stderr.
   real_stdout, sys.stdout = sys.stdout, sys.stderr
   global _send  # pylint: disable=global-statement
-
-  def _send(obj):  # pylint: disable=redefined-outer-name
-    real_stdout.write(json.dumps(obj) + "\n")
-    real_stdout.flush()
+  _send = lambda obj: print(json.dumps(obj), file=real_stdout, flush=True)  # noqa: E731
   if kind in ONCE:
     _send(ONCE[kind](spec))
   elif kind in FORMATS:

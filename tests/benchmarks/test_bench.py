@@ -191,7 +191,7 @@ def test_bench_infer_against_torch_with_the_roofline(capsys):
   assert isinstance(first["trimmed_before"], bool)
   assert first["release_wait_ms"] >= 0 and first["release_timeouts"] == 0
   table = bench.format_table(rec)
-  assert table.startswith("CPU: ") and "jax / this" in table
+  assert table.startswith("CPU: ") and "vs jax" in table
   assert "% GEMM" in table and "roofline (float32)" in table
   # Only the workload's dtype is timed for the roofline.
   assert {r["dtype"] for r in out["gemms"]["rates"]} == {"float32"}
@@ -314,6 +314,7 @@ def test_ab_processes_and_another_checkout(tmp_path, capsys):
   assert out.startswith("CPU: ") and "% GEMM" in out and "vs here" in out
   assert "per config over its 2 processes" in out
   assert re.search(r"^there +img/s .* vs here \d\.\d{3}x \[", out, re.M)
+  assert re.search(r"^there/2 +\d+\.\d\d .* \d\.\d{3}x \[", out, re.M)
   assert {r["dtype"] for r in res["gemms"]["rates"]} == {"float32"}
 
 
@@ -364,13 +365,16 @@ def test_ab_in_process_compiles_naflex_inputs_only(capsys):
 
 
 def test_ab_same_graph_compares_lowered_programs(capsys):
-  """--same-graph: a checkout against itself is the same program."""
+  """--same-graph: a checkout against itself is the same program, another
+  model option another program."""
   got = ab.main(["--model", "vit_ti_16", "--batch", "1", "--image-size", "32",
-                 "--jax-opt", "num_layers=1", "--same-graph",
-                 "--config", f"a:src={REPO}", "--config", "b:"])
+                 "--mode", "train", "--jax-opt", "num_layers=1",
+                 "--same-graph", "--config", f"a:src={REPO}",
+                 "--config", "b:", "--config", "c:opt.scan_layers=true"])
   out = capsys.readouterr().out
-  assert got["a"] == got["b"] and len(got["a"]) == 4
-  assert out.rstrip().endswith("same program") and "DIFFERENT" not in out
+  assert got["a"] == got["b"] != got["c"] and len(got["a"]) == 16
+  assert re.search(rf"^  a +{got['a']}$", out, re.M)
+  assert out.rstrip().endswith("DIFFERENT programs")
 
 
 def test_ops_profile_groups_both_frameworks(capsys):
