@@ -1,44 +1,31 @@
-"""A/B of JAX configurations: which is faster, which is smaller, or whether
-they are the same program.
+"""A/B of JAX configurations: which is faster, smaller, or the same program.
 
-    python bench/ab.py --model vit_b_16 --mode infer --batch 8 \\
-        --config "base:" --config "onednn:flags=--xla_cpu_use_onednn=true"
-    python bench/ab.py --config "old:src=/tmp/base" --config "new:"
-    python bench/ab.py --in-process --model vit_ti_16 --mode train --batch 16 \\
+    python bench/ab.py --model vit_b_16 --config "base:" \
+        --config "onednn:flags=--xla_cpu_use_onednn=true"
+    python bench/ab.py --config "old:src=/tmp/base" --config "new:" --processes 2
+    python bench/ab.py --in-process --model vit_ti_16 --mode train --batch 16 \
         --config "default:" --config "memopt:flags=--xla_cpu_scheduler_type=CPU_SCHEDULER_TYPE_MEMORY_OPTIMIZED"
-    python bench/ab.py --in-process --steps 0 --mode train --batch 32 \\
+    python bench/ab.py --in-process --steps 0 --mode train --batch 32 \
         --config "none:" --config "dots:opt.remat_policy=dots"
     python bench/ab.py --same-graph --config "main:src=/tmp/base" --config "new:"
 
-Each ``--config`` is ``LABEL:KEY=VALUE;KEY=VALUE...`` with keys
-  flags=...     XLA_FLAGS of that child (in-process: jax.jit compile options)
-  src=PATH      import vit_jax from another checkout (e.g. one made with
-                ``git worktree add /tmp/base HEAD``); not in-process
-  opt.FIELD=V   a model override (opt.scan_layers=true, opt.num_layers=24)
-  donate=false  don't donate the train state
-  release_wait=false  dispatch each step as soon as the last one's result
-                is ready (bench/worker.py's ReleaseWait)
-  env.NAME=V    an environment variable for that child; not in-process
-  input=FORM    in-process: square (NHWC images), naflex_square (the same
-                as a NaFlex dict), naflex (8 aspect ratios padded to the
-                same token count): a NaFlex model's inputs, e.g. with
-                --jax-opt naflex=bilinear_aa --jax-opt naflex_grid=[16,16]
-The first config is the reference. Three ways to compare:
+``--config LABEL:KEY=VALUE;...`` (the first is the reference), keys:
+``flags=`` XLA_FLAGS (in-process: jax.jit compile options); ``src=PATH``
+vit_jax from another checkout; ``opt.FIELD=V`` a model override;
+``donate=false``; ``release_wait=false`` (bench/worker.py's ReleaseWait);
+``env.NAME=V``; ``input=square|naflex_square|naflex`` (in-process: a NaFlex
+model's inputs of one token count: NHWC images, the same as a NaFlex dict,
+8 aspect ratios padded; with e.g. ``--jax-opt naflex=bilinear_aa``).
 
-(default)     each config in its own child process, rounds alternating
-              (bench/harness.py): img/s, paired ratio, CPU time, % of the
-              best GEMM. ``--processes N`` runs each config in N processes
-              (``a``, ``a/2``, ...): alternating rounds cancel a slow spell
-              of the machine, not a slow process.
---in-process  one child compiles every config's step (trace + lower and XLA
-              compile timed; XLA's memory analysis: peak and temporaries)
-              and steps them in rotation, one step at a time; medians over
-              steps that did not fault (< 1000 pages), paired ratios to the
-              first. Resolves ~2 % where processes differ by 10 %.
-              ``--steps 0``: compile only (compile time, memory).
---same-graph  a hash of each config's lowered StableHLO (the step of
-              --mode and --dtype), each in a process of its own: the same
-              hash is the same program, whatever the load.
+Default: each config in its own process, rounds alternating (harness.py);
+``--processes N``: each in N (alternating rounds cancel a slow spell of the
+machine, not a slow process). ``--in-process``: one child compiles every
+config's step (lower and compile time, XLA's memory analysis) and steps
+them in rotation, one step at a time, medians over steps that did not fault
+(< 1000 pages): it resolves ~2 % where processes differ by 10 % (no src=,
+env.); ``--steps 0``: compile only. ``--same-graph``: a hash of each
+config's lowered step, each in its own process: the same hash, the same
+program, whatever the load.
 """
 
 from __future__ import annotations
@@ -135,19 +122,13 @@ def format_table(res) -> str:
 def compile_options(flags: str) -> Dict[str, Any]:
   """``--xla_a=true --xla_b=3 --xla_c=NAME`` -> ``{"xla_a": True,
   "xla_b": 3, "xla_c": "NAME"}``: XLA_FLAGS as jax.jit compile options."""
-  out: Dict[str, Any] = {}
-  for item in flags.split():
-    if not item.startswith("--") or "=" not in item:
-      raise ValueError(f"flag {item!r}: expected --xla_name=value")
-    k, v = item[2:].split("=", 1)
-    if v.lower() in ("true", "false"):
-      out[k] = v.lower() == "true"
-    else:
-      try:
-        out[k] = int(v)
-      except ValueError:
-        out[k] = v
-  return out
+  bad = [f for f in flags.split() if not f.startswith("--") or "=" not in f]
+  if bad:
+    raise ValueError(f"flag {bad[0]!r}: expected --xla_name=value")
+  return {k: str(v).lower() == "true" if str(v).lower() in ("true", "false")
+          else v
+          for k, v in bench_lib.parse_overrides(
+              f[2:] for f in flags.split()).items()}
 
 
 def inprocess_config(c: harness.Contestant, common: Dict[str, Any],
@@ -166,7 +147,7 @@ def inprocess_config(c: harness.Contestant, common: Dict[str, Any],
 def summarize(times: Dict[str, List[float]], faults: Dict[str, List[int]],
               reference: str) -> Dict[str, Dict[str, Any]]:
   """Per config: median step time over its clean steps, the steps that
-  faulted, and the paired ratio (its time / the reference's in the same
+  faulted, the paired ratio (its time / the reference's in the same
   rotation, both clean) with its range."""
   out = {}
   for k in times:
@@ -175,11 +156,10 @@ def summarize(times: Dict[str, List[float]], faults: Dict[str, List[int]],
                                          faults[k], faults[reference])
              if f < FAULTED and g < FAULTED]
     out[k] = {"median_s": statistics.median(clean) if clean else None,
-              "min_s": min(clean) if clean else None,
               "steps": len(times[k]), "faulted": len(times[k]) - len(clean),
-              "time_ratio": statistics.median(pairs) if pairs else None,
-              "time_ratio_min": min(pairs) if pairs else None,
-              "time_ratio_max": max(pairs) if pairs else None}
+              **({"time_ratio": statistics.median(pairs),
+                  "time_ratio_min": min(pairs), "time_ratio_max": max(pairs)}
+                 if pairs else {"time_ratio": None})}
   return out
 
 
@@ -249,52 +229,42 @@ def main(argv=None):
   args = p.parse_args(argv)
   isa_line = machine.set_isa(args.isa)
   base = [parse_config(c) for c in args.config]
-  out = sys.stderr if args.json else sys.stdout
-  head = machine.describe() + "\n" + isa_line
   common = bench_lib.parse_overrides(args.jax_opt)
   w = harness.Workload(name=args.model, mode=args.mode, dtype=args.dtype,
                        batch=args.batch, image_size=args.image_size,
                        warmup=args.warmup,
                        layers=int(common.get("num_layers", 0)))
   if args.same_graph:
-    got, table = same_graph(dict(w.spec(), steps=0), base, common)
-    print(head + "\n" + table, file=out)
-    if args.json:
-      print(json.dumps(got))
-    return got
-  if args.in_process:
+    res, table = same_graph(dict(w.spec(), steps=0), base, common)
+  elif args.in_process:
     spec = dict(w.spec(), steps=args.steps,
                 configs=[inprocess_config(c, common) for c in base])
-    harness.log(f"[ab] compiling {len(base)} configurations in one child"
-                + (f", then {args.steps} steps each" if args.steps else ""))
+    harness.log(f"[ab] compiling {len(base)} configurations in one child")
     res = harness.call("inprocess", spec)
     if args.steps:
       res["summary"] = summarize(res["times"], res["faults"], base[0].label)
-    res["machine"], res["isa_line"] = machine.cpu_info(), isa_line
-    print(head + "\n" + format_inprocess(res, spec), file=out)
-    if args.json:
-      print(json.dumps({k: v for k, v in res.items() if k != "times"}))
-    return res
-  for c in base:
-    c.options["model_overrides"] = dict(common, **c.options["model_overrides"])
-    if "input" in c.options:
-      raise ValueError(f"--config {c.label!r}: input= runs --in-process")
-  cs = replicate(base, args.processes)
-  res = harness.run(w, cs, rounds=args.rounds, round_s=args.round_seconds,
-                    reference=cs[0].label, quiet_load=args.quiet_load,
-                    max_retries=args.max_retries,
-                    wait_quiet_s=args.wait_quiet, cpus=args.cpus)
-  res["gemms"] = machine.gemms_for(args, [(args.model, w.batch,
-                                           args.image_size)],
-                                   dtypes=(args.dtype,))
-  res["machine"], res["isa"], res["isa_line"] = (machine.cpu_info(), args.isa,
-                                                 isa_line)
-  print(head + "\n" + format_table(res), file=out)
-  if args.processes > 1:
-    print("\n" + format_processes(res, [c.label for c in base],
-                                  args.processes), file=out)
+    table = format_inprocess(res, spec)
+  else:
+    for c in base:
+      c.options["model_overrides"] = dict(common,
+                                          **c.options["model_overrides"])
+      if "input" in c.options:
+        raise ValueError(f"--config {c.label!r}: input= runs --in-process")
+    cs = replicate(base, args.processes)
+    res = harness.run(w, cs, rounds=args.rounds, round_s=args.round_seconds,
+                      reference=cs[0].label, quiet_load=args.quiet_load,
+                      max_retries=args.max_retries,
+                      wait_quiet_s=args.wait_quiet, cpus=args.cpus)
+    res["gemms"] = machine.gemms_for(args, [(args.model, w.batch,
+                                             args.image_size)],
+                                     dtypes=(args.dtype,))
+    table = format_table(res) + ("\n\n" + format_processes(
+        res, [c.label for c in base], args.processes)
+                                 if args.processes > 1 else "")
+  print(machine.describe() + "\n" + isa_line + "\n" + table,
+        file=sys.stderr if args.json else sys.stdout)
   if args.json:
-    print(json.dumps(res))
+    print(json.dumps({k: v for k, v in res.items() if k != "times"}))
   return res
 
 

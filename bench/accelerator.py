@@ -103,7 +103,6 @@ def step_rate(args, *, batch: int, attention: str, scan: bool) -> dict:
   """img/s of ``train.py``'s jitted train step, ``batch`` per device."""
   import jax  # pylint: disable=import-outside-toplevel
   import numpy as np  # pylint: disable=import-outside-toplevel
-
   from bench import flops  # pylint: disable=import-outside-toplevel
   from vit_jax import models
   from vit_jax.train import (optim, sharding, init as train_init, step as train_step)
@@ -119,28 +118,21 @@ def step_rate(args, *, batch: int, attention: str, scan: bool) -> dict:
   fns = train_step.compile_steps(model, tx, cfg, mesh, abstract, shards,
                                  num_classes, mean=(0.5,) * 3, std=(0.5,) * 3)
   state = fns.init_from_rng(jax.random.key(0))
-  rng = np.random.RandomState(0)
-  g = cfg.batch_size
-  data = sharding.batch_sharding(mesh)
-  batch_arr = {
-      "image": jax.device_put(rng.randint(0, 256, (g, cfg.image_size,
-                                                   cfg.image_size, 3),
-                                          np.uint8), data),
-      "label": jax.device_put(rng.randint(0, num_classes, (g,), np.int32),
-                              data)}
+  rng, g, data = np.random.RandomState(0), cfg.batch_size, (
+      sharding.batch_sharding(mesh))
+  batch_arr = jax.device_put({
+      "image": rng.randint(0, 256, (g, cfg.image_size, cfg.image_size, 3),
+                           np.uint8),
+      "label": rng.randint(0, num_classes, (g,), np.int32)}, data)
   votes = jax.device_put(np.zeros((n_dev,), np.int32), data)
-  t = time.perf_counter()
-  state, _ = fns.train_step(state, batch_arr, votes)
-  jax.block_until_ready(state.step)
-  compile_s = time.perf_counter() - t
-  for _ in range(2):
-    state, _ = fns.train_step(state, batch_arr, votes)
-  jax.block_until_ready(state.step)
-  t = time.perf_counter()
-  for _ in range(args.steps):
-    state, _ = fns.train_step(state, batch_arr, votes)
-  jax.block_until_ready(state.step)
-  wall = time.perf_counter() - t
+  times = []
+  for n in (1, 2, args.steps):  # compile, warm up, time
+    t = time.perf_counter()
+    for _ in range(n):
+      state, _ = fns.train_step(state, batch_arr, votes)
+    jax.block_until_ready(state.step)
+    times.append(time.perf_counter() - t)
+  compile_s, wall = times[0], times[-1]
   per_dev = args.steps * batch / wall
   variant = models.decode_variant(cfg.model_name)
   f_img = flops.step_flops(variant, cfg.image_size, "train", num_classes)
@@ -156,9 +148,7 @@ def logits_vs_cpu(args) -> dict:
   """Relative max difference of float32 logits, accelerator vs host CPU, at
   the highest matmul precision, on a randomly initialised model."""
   import jax  # pylint: disable=import-outside-toplevel
-  import jax.numpy as jnp  # pylint: disable=import-outside-toplevel
   import numpy as np  # pylint: disable=import-outside-toplevel
-
   from vit_jax import models  # pylint: disable=import-outside-toplevel
   model = models.get_model(args.model, num_classes=1000)
   x = np.random.RandomState(1).normal(
@@ -166,16 +156,12 @@ def logits_vs_cpu(args) -> dict:
   cpu = jax.devices("cpu")[0]
   accel = jax.devices()[0]
   with jax.default_matmul_precision("highest"), jax.default_device(cpu):
-    variables = jax.jit(lambda k: model.init(
-        k, jnp.zeros((1, args.image_size, args.image_size, 3)),
-        train=False))(jax.random.key(0))
     # Every parameter matters: perturb them (the zero head would make
     # the logits trivially equal).
-    leaves, tree = jax.tree_util.tree_flatten(variables)
     r = np.random.RandomState(2)
-    leaves = [np.asarray(v) + 0.02 * r.normal(size=v.shape).astype(v.dtype)
-              for v in leaves]
-    variables = jax.tree_util.tree_unflatten(tree, leaves)
+    variables = jax.tree_util.tree_map(
+        lambda v: np.asarray(v) + 0.02 * r.normal(size=v.shape).astype(
+            v.dtype), models.init_params(model, args.image_size))
     out = {}
     for name, dev in (("cpu", cpu), ("accelerator", accel)):
       v = jax.device_put(variables, dev)
@@ -210,7 +196,6 @@ def timm_parity(args) -> dict:
   import jax  # pylint: disable=import-outside-toplevel
   import numpy as np  # pylint: disable=import-outside-toplevel
   import torch  # pylint: disable=import-outside-toplevel
-
   from vit_jax.weights import build  # pylint: disable=import-outside-toplevel
   m = _timm_model(args)
   sd = {k: v.detach().numpy() for k, v in m.state_dict().items()}
@@ -225,12 +210,9 @@ def timm_parity(args) -> dict:
     ref = m.double()(x_t.double()).numpy()
     m.float()
     out = {"timm float32, CPU": m(x_t).numpy()}
-    t_dev = "cuda" if torch.cuda.is_available() else None
-    if t_dev:
-      m.to(t_dev)
+    if torch.cuda.is_available():
       out[f"timm float32, {torch.cuda.get_device_name()} (torch defaults)"] = (
-          m(x_t.to(t_dev)).cpu().numpy())
-      m.cpu()
+          m.to("cuda")(x_t.to("cuda")).cpu().numpy())
 
   def ours(dev, precision):
     v = jax.device_put(variables, dev)
@@ -239,11 +221,9 @@ def timm_parity(args) -> dict:
       return np.asarray(fn(v, jax.device_put(x, dev)))
   cpu, accel = jax.devices("cpu")[0], jax.devices()[0]
   out[f"ours float32, {cpu.device_kind} (CPU)"] = ours(cpu, None)
-  if accel.platform != "cpu":
-    out[f"ours float32, {accel.device_kind}, default precision"] = ours(
-        accel, None)
-    out[f"ours float32, {accel.device_kind}, highest precision"] = ours(
-        accel, "highest")
+  for p in ((None, "highest") if accel.platform != "cpu" else ()):
+    out[f"ours float32, {accel.device_kind}, {p or 'default'} precision"] = (
+        ours(accel, p))
   scale = np.max(np.abs(ref))
   return {"timm": TIMM_NAMES[args.model], "depth": args.timm_depth or "all",
           "rel_max_diff": {k: float(np.max(np.abs(v - ref)) / scale)
@@ -254,7 +234,6 @@ def torch_step_rate(args, batch: int) -> dict:
   """img/s of timm's train step on torch's CUDA device (else the CPU):
   bfloat16 autocast, fused AdamW, a float batch already on the device."""
   import torch  # pylint: disable=import-outside-toplevel
-
   from bench import flops  # pylint: disable=import-outside-toplevel
   from vit_jax import models  # pylint: disable=import-outside-toplevel
   dev = "cuda" if torch.cuda.is_available() else "cpu"
@@ -272,13 +251,11 @@ def torch_step_rate(args, batch: int) -> dict:
     loss.backward()
     opt.step()
     opt.zero_grad(set_to_none=True)
-  for _ in range(3):
-    step()
-  sync()
-  t = time.perf_counter()
-  for _ in range(args.steps):
-    step()
-  sync()
+  for n in (3, args.steps):  # warm up, time
+    t = time.perf_counter()
+    for _ in range(n):
+      step()
+    sync()
   wall = time.perf_counter() - t
   per_dev = args.steps * batch / wall
   f_img = flops.step_flops(models.decode_variant(args.model), args.image_size,
@@ -289,47 +266,38 @@ def torch_step_rate(args, batch: int) -> dict:
           "mfu": None if peak is None else per_dev * f_img / peak}
 
 
-def _torch_cuda() -> bool:
-  try:
-    import timm  # noqa: F401  pylint: disable=import-outside-toplevel,unused-import
-    import torch  # pylint: disable=import-outside-toplevel
-  except ImportError:
-    return False
-  return torch.cuda.is_available()
+def has(*modules) -> bool:
+  import importlib.util  # pylint: disable=import-outside-toplevel
+  return all(importlib.util.find_spec(m) is not None for m in modules)
 
 
 def has_tensorflow() -> bool:
-  import importlib.util  # pylint: disable=import-outside-toplevel
-  return importlib.util.find_spec("tensorflow") is not None
+  return has("tensorflow")
 
 
-def end_to_end(args, folder: str, step_img_s: float, attention, scan,
-               batch: int) -> dict:
+def end_to_end(args, folder: str, first: dict) -> dict:
   """train.py on ``--e2e-data`` (synthetic batches, or the JPEG folder),
-  the first setting: its last logged img/s against the step alone's."""
+  the ``first`` setting of part 1: its last logged img/s against the step
+  alone's."""
   import jax  # pylint: disable=import-outside-toplevel
-  n_dev = jax.local_device_count()
-  work = tempfile.mkdtemp(prefix="vit_jax_e2e_")
-  steps, log = args.e2e_steps, max(1, args.e2e_steps // 3)
+  n_dev, work = jax.local_device_count(), tempfile.mkdtemp(prefix="vit_e2e_")
+  steps, batch = args.e2e_steps, first["batch_per_device"] * n_dev
+  data = "synthetic" if args.e2e_data == "synthetic" else f"folder:{folder}"
   cmd = [sys.executable, os.path.join(REPO, "train.py"),
-         f"--config={REPO}/configs/b16.py:scratch", f"--workdir={work}",
-         "--config.dataset=" + ("synthetic" if args.e2e_data == "synthetic"
-                                else f"folder:{folder}"),
-         f"--config.model_name={args.model}",
-         f"--config.image_size={args.image_size}",
-         f"--config.model.dtype={args.dtype}",
-         f"--config.model.scan_layers={bool(scan)}",
-         "--config.model.drop_path_rate=0.0",
-         f"--config.batch_size={batch * n_dev}",
-         f"--config.eval_batch_size={batch * n_dev}",
-         f"--config.total_steps={steps}", f"--config.log_every={log}",
-         f"--config.eval_every={10 * steps}",
-         f"--config.checkpoint_every={10 * steps}",
-         "--config.pp.mixup_alpha=0.0", "--config.pp.randaugment_layers=0",
-         "--config.warmup_steps=1", "--config.write_plots=False",
-         "--config.tensorboard=False", "--config.async_checkpointing=False"]
-  if attention is not None:
-    cmd.append(f"--config.model.attention_impl={attention}")
+         f"--config={REPO}/configs/b16.py:scratch", f"--workdir={work}"] + [
+             f"--config.{k}={v}" for k, v in dict(
+                 dataset=data, model_name=args.model,
+                 image_size=args.image_size, batch_size=batch,
+                 eval_batch_size=batch, total_steps=steps,
+                 log_every=max(1, steps // 3), eval_every=10 * steps,
+                 checkpoint_every=10 * steps, warmup_steps=1,
+                 write_plots=False, tensorboard=False,
+                 async_checkpointing=False, **{
+                     "model.dtype": args.dtype, "model.drop_path_rate": 0.0,
+                     "model.scan_layers": bool(first["scan"]),
+                     "pp.mixup_alpha": 0.0, "pp.randaugment_layers": 0},
+                 **({"model.attention_impl": first["attention"]}
+                    if first["attention"] is not None else {})).items()]
   try:
     t = time.perf_counter()
     p = subprocess.run(cmd, capture_output=True, text=True, cwd=REPO,
@@ -342,7 +310,7 @@ def end_to_end(args, folder: str, step_img_s: float, attention, scan,
     rates = [r["img_per_sec"] for r in rows if "img_per_sec" in r]
   finally:
     shutil.rmtree(work, ignore_errors=True)
-  e2e = rates[-1] / n_dev
+  e2e, step_img_s = rates[-1] / n_dev, first["img_per_s_per_device"]
   return {"img_per_s_per_device": e2e, "step_img_per_s_per_device": step_img_s,
           "ratio": e2e / step_img_s, "wall_s": wall, "steps": steps,
           "data": args.e2e_data, "logged_rates": rates}
@@ -428,14 +396,14 @@ def main(argv=None):
              "error": f"{type(e).__name__}: {str(e)[:300]}"}
         print(f"{b:6d} {str(a):>9s} {s:>5s}  failed: {r['error']}")
       steps.append(r)
-    ok = [r for r in steps if "error" not in r]
-    if ok:
-      best = max(ok, key=lambda r: r["img_per_s_per_device"])
-      res["best_step"] = best
-      if backend != "cpu" and args.model == "vit_b_16" and args.dtype == "bfloat16":
-        print(f"Best {best['img_per_s_per_device']:.0f} img/s per device; "
-              f"target >= {TARGET_IMG_S:.0f} on one H100/H200: "
-              f"{'met' if best['img_per_s_per_device'] >= TARGET_IMG_S else 'NOT met'}.")
+  ok = [r for r in steps if "error" not in r]
+  if ok:
+    best = res["best_step"] = max(ok, key=lambda r: r["img_per_s_per_device"])
+    if backend != "cpu" and (args.model, args.dtype) == ("vit_b_16",
+                                                          "bfloat16"):
+      print(f"Best {best['img_per_s_per_device']:.0f} img/s per device; "
+            f"target >= {TARGET_IMG_S:.0f} on one H100/H200: "
+            f"{'met' if best['img_per_s_per_device'] >= TARGET_IMG_S else 'NOT met'}.")
   res["train_step"] = steps
 
   folder = tempfile.mkdtemp(prefix="vit_jax_accel_jpegs_")
@@ -457,16 +425,12 @@ def main(argv=None):
             f"{args.jpeg_size[1]} JPEGs -> {args.image_size}px, Inception crop "
             f"+ flip, uint8): {r['img_per_s']:.0f} img/s on {cores} host "
             f"cores ({r['img_per_s'] / cores:.0f} img/s/core)")
-    ok = [r for r in steps if "error" not in r]
     if "e2e" not in args.skip and args.e2e_data == "folder" and not tf:
       print("\n3. train.py end to end on the JPEG folder: not run (no "
             "TensorFlow here; --e2e-data synthetic needs none)")
     elif "e2e" not in args.skip and ok:
       first = ok[0]
-      r = end_to_end(args, folder, first["img_per_s_per_device"],
-                     first["attention"], first["scan"],
-                     first["batch_per_device"])
-      res["end_to_end"] = r
+      r = res["end_to_end"] = end_to_end(args, folder, first)
       if "error" in r:
         print(f"\n3. train.py end to end failed:\n{r['error']}")
       else:
@@ -487,23 +451,18 @@ def main(argv=None):
     print(f"\n4. float32 logits at highest matmul precision, {what}: "
           f"relative max difference {r['rel_max_diff']:.2e} (target <= "
           f"{TARGET_LOGITS_REL:.0e})")
-  if "timm" not in args.skip:
-    try:
-      import timm  # noqa: F401  pylint: disable=import-outside-toplevel,unused-import
-      import torch  # noqa: F401  pylint: disable=import-outside-toplevel,unused-import
-    except ImportError as e:
-      print(f"\n5. against timm: not run ({e})")
-    else:
-      r = timm_parity(args)
-      res["timm_parity"] = r
-      print(f"\n5. {r['timm']} ({r['depth']} blocks, random perturbed "
-            f"weights): float32 logits against timm's in float64 on the CPU, "
-            f"relative max difference")
-      for k, v in r["rel_max_diff"].items():
-        print(f"   {v:9.2e}  {k}")
+  if "timm" not in args.skip and not has("timm", "torch"):
+    print("\n5. against timm: not run (no timm and torch here)")
+  elif "timm" not in args.skip:
+    r = timm_parity(args)
+    res["timm_parity"] = r
+    print(f"\n5. {r['timm']} ({r['depth']} blocks, random perturbed "
+          f"weights): float32 logits against timm's in float64 on the CPU, "
+          f"relative max difference")
+    for k, v in r["rel_max_diff"].items():
+      print(f"   {v:9.2e}  {k}")
   if "torch" not in args.skip and "step" not in args.skip:
-    ok = [r for r in steps if "error" not in r]
-    if not _torch_cuda():
+    if not (has("timm", "torch") and __import__("torch").cuda.is_available()):
       print("\n6. torch's train step: not run (no torch with CUDA and timm "
             "here)")
     elif ok:

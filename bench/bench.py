@@ -55,25 +55,20 @@ def add_run_args(p: argparse.ArgumentParser, rounds=5, round_s=4.0,
   """The options of an alternating run (bench.py, ab.py)."""
   p.add_argument("--mode", choices=("infer", "train"), default="infer")
   p.add_argument("--dtype", choices=("float32", "bfloat16"), default="float32")
-  p.add_argument("--rounds", type=int, default=rounds,
-                 help="alternating rounds (each side once per round)")
+  p.add_argument("--rounds", type=int, default=rounds)
   p.add_argument("--round-seconds", type=float, default=round_s,
-                 help="approximate time of one side's turn in a round")
+                 help="about the time of one side's turn in a round")
   p.add_argument("--quiet-load", type=float, default=0.3,
-                 help="repeat a turn (up to --max-retries) if other processes "
-                      "used more than this many cores meanwhile")
+                 help="repeat a turn while others used more cores than this")
   p.add_argument("--max-retries", type=int, default=retries)
   p.add_argument("--cpus", type=lambda v: [int(c) for c in v.split(",")],
-                 default=None, metavar="0,1",
-                 help="pin every side to these CPUs (default: all)")
+                 metavar="0,1", help="pin every side to these CPUs")
   p.add_argument("--wait-quiet", type=float, default=0.0, metavar="SECONDS",
-                 help="before each turn, wait up to this long for other "
-                      "processes to use < --quiet-load cores")
+                 help="first wait up to this long for --quiet-load")
   p.add_argument("--warmup", type=int, default=2,
                  help="untimed steps after the first (compiling) one")
   p.add_argument("--jax-opt", action="append", metavar="FIELD=VALUE",
-                 help="model override for the JAX side, e.g. "
-                      "scan_layers=true, remat_policy=dots (repeatable)")
+                 help="model override of the JAX side (repeatable)")
   machine.add_gemm_args(p)
   machine.add_isa_arg(p)
   p.add_argument("--json", action="store_true",
@@ -94,12 +89,6 @@ def build_parser() -> argparse.ArgumentParser:
                  help="repeatable; default torch")
   p.add_argument("--torch-compile", action="store_true",
                  help="add the peer torch.compile")
-  p.add_argument("--torch-threads", type=int, default=0,
-                 help="torch.set_num_threads (default: torch's own choice)")
-  p.add_argument("--xla-flags", default="",
-                 help="extra XLA_FLAGS for the JAX side")
-  p.add_argument("--no-donate", action="store_true",
-                 help="train: don't donate the train state to the step")
   add_run_args(p)
   return p
 
@@ -120,16 +109,13 @@ def contestants(args, timm: bool) -> list:
                                                                 "float32"):
     raise SystemExit(f"--peer {'/'.join(RUNTIMES)}: exported models are "
                      "timed in inference, float32")
-  out = [harness.Contestant(
-      "jax", "jax", xla_flags=args.xla_flags,
-      options={"model_overrides": parse_overrides(args.jax_opt),
-               "donate": not args.no_donate})]
-  threads = {"threads": args.torch_threads}
+  out = [harness.Contestant("jax", "jax", options={
+      "model_overrides": parse_overrides(args.jax_opt)})]
   for p in peers:
     if p in ("torch", "torch.compile"):
       out.append(harness.Contestant(
           p if p != "torch" else "timm" if timm else "torch", "torch",
-          options=dict(threads, torch_compile=p != "torch")))
+          options={"torch_compile": p != "torch"}))
     elif p != "none":
       out.append(harness.Contestant(p, p, env={"TF_CPP_MIN_LOG_LEVEL": "2"}))
   return out
@@ -140,10 +126,8 @@ def _fmt(v, spec: str) -> str:
 
 
 def rows(res, gflop=None, best=None) -> list:
-  """The lines of a run's table (bench.py, ab.py): throughput, paired
-  ratio against the reference [min-max], CPU time, analytic GFLOP/s and
-  its share of the best GEMM, compile time, the largest logits (or
-  first-loss) difference from the reference's."""
+  """The lines of a run's table (bench.py, ab.py): one per contestant, and
+  what the columns mean."""
   ref, batch = res["reference"], res["workload"]["batch"]
   out = [f"{'':15s} {'img/s':>8s} {'min-max':>15s} {'ms/step':>8s} "
          f"{'GFLOP/s':>8s} {'% GEMM':>6s} {'vs ' + ref:>20s} "
@@ -279,7 +263,10 @@ def main(argv=None):
                       wait_quiet_s=args.wait_quiet, cpus=args.cpus)
     res["machine"] = info
     rec = dict(summarise(res, w, gemms), isa=args.isa, isa_line=isa_line)
-    recs.append(harness.emit(format_table(rec), rec, args.json))
+    recs.append(rec)
+    print(format_table(rec), file=sys.stderr if args.json else sys.stdout)
+    if args.json:
+      print(json.dumps(rec))
   if len(recs) > 1:
     print("\n" + format_sweep(recs), file=sys.stderr if args.json else
           sys.stdout)

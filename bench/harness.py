@@ -1,17 +1,11 @@
 """Runs benchmark contestants side by side, alternating round by round.
 
-Each contestant (JAX with some options, torch eager, torch.compile, an
-exported artifact in its runtime...) lives in its own long-lived child
-process (:mod:`bench.worker`): torch's OpenMP pool and XLA's thread pool in
-one process slow each other down. After setup and warm-up, every round runs
-each contestant for about ``round_s`` seconds, the order reversed every
-round (A B, B A, ...), so slow drifts of the machine hit all alike. Results
-are per-round throughputs, their median and spread, and per-round *paired*
-ratios against the reference contestant, whose median is the headline.
-
-Also here: the machine's load (``/proc/stat``) and :func:`call`, which runs
-one function of :mod:`bench.worker` in a child process and returns its
-JSON result (the GEMM rates, the op profiles, the in-process A/B).
+Each contestant (JAX with some options, torch, an exported artifact in its
+runtime) lives in its own child process (:mod:`bench.worker`): torch's and
+XLA's thread pools in one process slow each other down. Every round runs
+each for about ``round_s`` seconds, the order reversed every round (A B,
+B A, ...); a ratio is the median of per-round *paired* ratios. Also: the
+machine's load (``/proc/stat``) and :func:`call` (a one-shot child).
 """
 
 from __future__ import annotations
@@ -37,7 +31,6 @@ JAX_RUNTIMES = ("jax", "stablehlo")
 @dataclasses.dataclass
 class Contestant:
   """One side of the comparison: a framework plus its options."""
-
   label: str
   framework: str                      # 'jax', 'torch' or an export runtime
   options: Dict[str, Any] = dataclasses.field(default_factory=dict)
@@ -57,7 +50,6 @@ class Workload:
   lr: float = 1e-3
   weight_decay: float = 0.05
   warmup: int = 2                     # untimed steps after the first one
-  check_size: int = 4000              # logits compared between contestants
   # ``name`` is a timm model name (DINOv3, EVA-02, ...): torch runs timm's
   # model, JAX loads its weights with formats.from_timm.
   timm: bool = False
@@ -75,15 +67,6 @@ class Workload:
     return d
 
 
-def emit(table: str, rec: Any, as_json: bool):
-  """Prints the table, and with ``--json`` (the table then on stderr) the
-  record; returns the record."""
-  print(table, file=sys.stderr if as_json else sys.stdout)
-  if as_json:
-    print(json.dumps(rec))
-  return rec
-
-
 def log(msg: str):
   print(msg, file=sys.stderr, flush=True)
 
@@ -91,27 +74,15 @@ def log(msg: str):
 # The machine's load.
 
 
-def _proc_stat_cpu() -> List[float]:
-  """The machine's CPU-seconds so far, per /proc/stat column (user nice
-  system idle iowait irq softirq steal ...); [] where there is none."""
+def busy_cpu_seconds(steal: bool = False) -> float:
+  """CPU-seconds the whole machine spent busy so far (/proc/stat), or
+  (``steal``) that the hypervisor gave to other guests; nan without it."""
   try:
     with open("/proc/stat") as f:
-      return [int(v) / os.sysconf("SC_CLK_TCK")
-              for v in f.readline().split()[1:]]
+      v = [int(x) / os.sysconf("SC_CLK_TCK") for x in f.readline().split()[1:]]
   except OSError:
-    return []
-
-
-def busy_cpu_seconds() -> float:
-  """CPU-seconds spent busy by the whole machine so far."""
-  vals = _proc_stat_cpu()
-  return sum(vals[:8]) - vals[3] - vals[4] if len(vals) >= 5 else float("nan")
-
-
-def steal_seconds() -> float:
-  """CPU-seconds the hypervisor gave to other guests so far."""
-  vals = _proc_stat_cpu()
-  return (vals[7] if len(vals) > 7 else 0.0) if vals else float("nan")
+    return float("nan")
+  return (v[7] if len(v) > 7 else 0.0) if steal else sum(v[:8]) - v[3] - v[4]
 
 
 def wait_for_quiet(max_wait_s: float, quiet_load: float,
@@ -132,11 +103,10 @@ def wait_for_quiet(max_wait_s: float, quiet_load: float,
 
 def child_env(framework: str, env: Optional[Dict[str, str]] = None,
               xla_flags: str = "") -> Dict[str, str]:
-  """The environment of a child. Each side as its users run it: JAX with
-  train.py's malloc settings (vit_jax/train/host_memory.py;
-  ``env.VIT_JAX_KEEP_HOST_MEMORY=0`` in an ab.py config runs it without),
-  every other runtime with glibc's defaults (torch under the JAX settings
-  ran a ViT-Ti/16 bfloat16 train step at 0.66x its own speed, Zen 5)."""
+  """A child's environment, each side as its users run it: JAX with
+  train.py's malloc settings (vit_jax/train/host_memory.py), every other
+  runtime with glibc's defaults (torch under the JAX settings ran its
+  ViT-Ti/16 bfloat16 train step at 0.66x its own speed, Zen 5)."""
   out = dict(os.environ)
   out.update(env or {})
   if framework in JAX_RUNTIMES and host_memory.wanted(out):
@@ -158,27 +128,25 @@ def _affinity(cpus):  # both frameworks size their pools from the mask
 def call(kind: str, spec: Dict[str, Any], framework: str = "jax",
          env: Optional[Dict[str, str]] = None,
          cpus: Optional[List[int]] = None) -> Dict[str, Any]:
-  """Runs ``bench.worker``'s one-shot ``kind`` on ``spec`` in a child
-  process (its stderr passes through) and returns its JSON result."""
-  p = subprocess.run(
-      [sys.executable, "-m", "bench.worker", kind, json.dumps(spec)],
-      stdout=subprocess.PIPE, text=True, cwd=REPO, check=False,
-      env=child_env(framework, env), preexec_fn=_affinity(cpus))
-  lines = [ln for ln in p.stdout.splitlines() if ln.startswith("{")]
-  if p.returncode or not lines:
-    raise RuntimeError(f"bench.worker {kind} ({framework}) failed with code "
-                       f"{p.returncode} (its stderr is above)")
-  return json.loads(lines[-1])
+  """``bench.worker``'s one-shot ``kind`` on ``spec`` in a child (its
+  stderr passes through): its JSON result."""
+  w = Worker(Contestant(kind, framework, env=env or {}), spec, cpus, kind)
+  try:
+    return w.recv()
+  finally:
+    w.proc.stdin.close()
+    w.proc.wait()
 
 
 class Worker:
-  """A long-lived child running :mod:`bench.worker` for one contestant."""
+  """A child running :mod:`bench.worker` for one contestant (``kind``:
+  its framework) or a one-shot ``kind``."""
 
   def __init__(self, contestant: Contestant, spec: Dict[str, Any],
-               cpus: Optional[List[int]] = None):
+               cpus: Optional[List[int]] = None, kind: Optional[str] = None):
     self.c = contestant
     self.proc = subprocess.Popen(
-        [sys.executable, "-m", "bench.worker", contestant.framework,
+        [sys.executable, "-m", "bench.worker", kind or contestant.framework,
          json.dumps(dict(spec, **contestant.options))],
         stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, cwd=REPO,
         env=child_env(contestant.framework, contestant.env,
@@ -186,21 +154,24 @@ class Worker:
         preexec_fn=_affinity(cpus))
     self.ready: Optional[Dict[str, Any]] = None
 
-  def _recv(self) -> Dict[str, Any]:
-    line = self.proc.stdout.readline()
+  def recv(self) -> Dict[str, Any]:
+    line = "-"
+    while line and not line.startswith("{"):  # the child's JSON lines only
+      line = self.proc.stdout.readline()
     if not line:
-      raise RuntimeError(f"{self.c.label}: worker exited with code "
-                         f"{self.proc.wait()} (its stderr is above)")
+      raise RuntimeError(f"bench.worker {self.c.label} ({self.c.framework}) "
+                         f"exited with code {self.proc.wait()} (its stderr "
+                         "is above)")
     return json.loads(line)
 
   def wait_ready(self) -> Dict[str, Any]:
-    self.ready = self._recv()
+    self.ready = self.recv()
     return self.ready
 
   def run(self, iters: int) -> Dict[str, Any]:
     self.proc.stdin.write(json.dumps({"cmd": "run", "iters": iters}) + "\n")
     self.proc.stdin.flush()
-    return self._recv()
+    return self.recv()
 
   def close(self):
     if self.proc.poll() is None:
@@ -213,14 +184,13 @@ class Worker:
 
 
 def _timed_turn(w: Worker, iters: int) -> Dict[str, Any]:
-  """One contestant's turn, with the cores other processes took meanwhile
-  (``other_load``: machine busy time - this child's, per second) and the
-  hypervisor's steal (in cores)."""
-  b0, s0 = busy_cpu_seconds(), steal_seconds()
+  """One turn, with the cores other processes and the hypervisor's steal
+  took meanwhile."""
+  b0, s0 = busy_cpu_seconds(), busy_cpu_seconds(steal=True)
   t0 = time.perf_counter()
   res = w.run(iters)
   wall = time.perf_counter() - t0
-  steal = steal_seconds() - s0
+  steal = busy_cpu_seconds(steal=True) - s0
   res["other_load"] = max(
       0.0, (busy_cpu_seconds() - b0 - steal - res["cpu_s"]) / wall)
   res["steal"] = steal / wall
@@ -271,39 +241,33 @@ def run(workload: Workload, contestants: List[Contestant], *, rounds: int = 5,
         reference: Optional[str] = None, quiet_load: float = 0.3,
         max_retries: int = 2, wait_quiet_s: float = 0.0,
         cpus: Optional[List[int]] = None) -> Dict[str, Any]:
-  """Sets up every contestant (one at a time, so compiles don't overlap),
-  then runs ``rounds`` alternating rounds; ``reference`` (default: the
-  last contestant) is the ratios' denominator and the logits' reference.
-
-  A turn during which other processes used more than ``quiet_load`` cores
-  is repeated (at most ``max_retries`` times; the quietest try is kept).
-  With ``wait_quiet_s`` > 0 each turn first waits up to that long for the
-  machine to be that quiet. ``cpus`` pins every child to those CPUs."""
+  """Sets up every contestant (one at a time), then runs ``rounds``
+  alternating rounds; ``reference`` (default: the last) is the ratios'
+  denominator and the logits' reference. A turn during which other
+  processes used more than ``quiet_load`` cores is repeated (at most
+  ``max_retries`` times; the quietest kept), after waiting up to
+  ``wait_quiet_s`` for quiet; ``cpus`` pins every child to those CPUs."""
   reference = reference or contestants[-1].label
   spec = workload.spec()
   tmp = tempfile.mkdtemp(prefix="vit_bench_")
   spec["weights_in"] = weights = os.path.join(tmp, "weights.npz")
   workers: List[Worker] = []
-  labels = [c.label for c in contestants]
   try:
     # torch makes the weights (torchvision's or timm's init); JAX converts.
     order = sorted(contestants, key=lambda c: c.framework != "torch")
-    first_spec = dict(spec, weights_out=weights)
-    if order[0].framework != "torch":
-      first_spec = spec
-      if workload.timm:  # timm's model, made by a torch child
-        call("weights", dict(spec, weights_out=weights), "torch")
-      else:
-        _make_weights_without_torch(workload, weights)
-    for i, c in enumerate(order):
-      log(f"[setup] {c.label}: building and compiling ...")
-      w = Worker(c, first_spec if i == 0 else spec, cpus)
+    if order[0].framework != "torch" and workload.timm:  # a torch child
+      call("weights", dict(spec, weights_out=weights), "torch")
+    elif order[0].framework != "torch":
+      _make_weights_without_torch(workload, weights)
+    for c in order:
+      w = Worker(c, dict(spec, weights_out=weights) if c is order[0] and
+                 c.framework == "torch" else spec, cpus)
       r = w.wait_ready()
-      comp = (f", compile {r['compile_s']:.1f}s"
-              if r.get("compile_s") is not None else "")
-      log(f"[setup] {c.label}: ready (setup {r['setup_s']:.1f}s{comp})")
+      log(f"[setup] {c.label}: ready (setup {r['setup_s']:.1f}s" + (
+          f", compile {r['compile_s']:.1f}s)" if r.get("compile_s") is not
+          None else ")"))
       workers.append(w)
-    workers.sort(key=lambda w: labels.index(w.c.label))
+    workers.sort(key=lambda w: contestants.index(w.c))
     iters = {}  # one step each gives the iterations per round
     for w in workers:
       t = w.run(1)["wall_s"]
@@ -341,23 +305,20 @@ def run(workload: Workload, contestants: List[Contestant], *, rounds: int = 5,
                    if w.c.label == reference)
   for w in workers:
     lab = w.c.label
-    col = lambda k, lab=lab: summary([row[lab][k] for row in per_round])
+    col = lambda f, lab=lab: summary([f(row[lab], row[reference])
+                                      for row in per_round])
     entry = {"framework": w.c.framework, "options": w.c.options,
-             "xla_flags": w.c.xla_flags, "img_per_sec": col("img_per_sec"),
-             "cpu_use": col("cpu_use"), "other_load": col("other_load"),
-             "cpu_ms_per_img": col("cpu_ms_per_img"),
-             "compile_s": w.ready.get("compile_s"),
-             "setup_s": w.ready.get("setup_s"),
-             "info": w.ready.get("info", {}),
-             "ratio_vs_reference": summary(
-                 [row[lab]["img_per_sec"] / row[reference]["img_per_sec"]
-                  for row in per_round]),
+             "xla_flags": w.c.xla_flags,
+             **{k: col(lambda a, r, k=k: a[k]) for k in (
+                 "img_per_sec", "cpu_use", "other_load", "cpu_ms_per_img")},
+             **{k: w.ready.get(k) for k in ("compile_s", "setup_s", "info")},
+             "ratio_vs_reference": col(
+                 lambda a, r: a["img_per_sec"] / r["img_per_sec"]),
              # CPU time per image, reference / this: a load-robust view of
              # the same ratio (starved rounds stretch wall time, not CPU
              # time; spin-waiting pools add CPU time: only a cross-check).
-             "cpu_ratio_vs_reference": summary(
-                 [row[reference]["cpu_ms_per_img"] /
-                  row[lab]["cpu_ms_per_img"] for row in per_round])}
+             "cpu_ratio_vs_reference": col(
+                 lambda a, r: r["cpu_ms_per_img"] / a["cpu_ms_per_img"])}
     if lab != reference:
       a = w.ready["check"]
       entry["check_max_abs_diff"] = max(

@@ -1,19 +1,14 @@
 """The machine a benchmark runs on, and the fastest GEMM it does.
 
-Every table in bench/ starts with :func:`describe` (CPU model, family and
-model numbers, the ISA extensions that decide the speed of a ViT on CPU:
-AVX-512, AVX512-BF16, AVX512-VNNI, AMX); the throughput tables measure, in
-the same run, the GEMM rate of each framework and dtype
-(:func:`measure_gemms`: a large square GEMM and the model's own shapes, in
-XLA float32, XLA bf16 x bf16 -> float32, torch float32 (MKL) and torch
-bfloat16 (oneDNN)). The best rate for a dtype is the roofline
-(:func:`roofline`): "our model runs at N % of the best GEMM here".
-
     python bench/machine.py                        # this machine, 2048^3
     python bench/machine.py --model vit_ti_16 --batch 16 --json
 
-Each framework times its GEMMs in its own child process, each shape for
-about ``seconds``; the rate kept is the best of several repetitions.
+Every table starts with :func:`describe` (the CPU, and the ISA extensions
+that decide a ViT's speed on it); the throughput tables time in the same
+run each framework's GEMMs (:func:`measure_gemms`: a square GEMM and the
+model's own shapes; XLA float32 and bf16 x bf16 -> float32, torch float32
+(MKL) and bfloat16 (oneDNN)), each in its own child, the best of several
+repetitions. The best rate for a dtype is the roofline (:func:`roofline`).
 """
 
 from __future__ import annotations
@@ -52,11 +47,8 @@ SQUARE = (2048, 2048, 2048)
 
 
 def _uarch(vendor: str, family: Optional[int], model: Optional[int]):
-  """A microarchitecture name for the CPUs this project meets (None when
-  the numbers are not in this short list)."""
-  if family is None or model is None:
-    return None
-  if vendor == "AuthenticAMD":
+  """A microarchitecture name for the CPUs this project meets, or None."""
+  if vendor == "AuthenticAMD" and model is not None:
     if family == 26:
       return "Zen 5"
     if family == 25:  # Zen 3 and Zen 4 share family 19h
@@ -148,20 +140,16 @@ def set_isa(isa: str, info: Optional[Dict[str, Any]] = None) -> str:
 
 def add_isa_arg(p: argparse.ArgumentParser):
   p.add_argument("--isa", choices=ISAS, default="native",
-                 help="avx2: approximate an AVX2-only CPU by the packages' "
-                      "documented switches (XLA_FLAGS=--xla_cpu_max_isa=AVX2, "
-                      "ATEN_CPU_CAPABILITY=avx2, ...); every table says "
-                      "which ISA was real and which emulated")
+                 help="avx2: an AVX2-only CPU emulated by the packages' "
+                      "documented switches only (the tables say so)")
 
 
 def describe(info: Optional[Dict[str, Any]] = None) -> str:
   """One line naming the CPU, e.g. ``CPU: AMD EPYC (family 26, model 2:
   Zen 5), 2 CPUs | AVX-512 yes, AVX512-BF16 yes, AVX512-VNNI yes, AMX no``."""
   info = info or cpu_info()
-  nums = [f"family {info['family']}" if info.get("family") is not None
-          else None,
-          f"model {info['model']}" if info.get("model") is not None else None]
-  nums = ", ".join(n for n in nums if n)
+  nums = ", ".join(f"{k} {info[k]}" for k in (
+      "family", "model") if info.get(k) is not None)
   if info.get("uarch"):
     nums = f"{nums}: {info['uarch']}" if nums else info["uarch"]
   isa = info.get("isa", {})
@@ -178,10 +166,8 @@ def describe(info: Optional[Dict[str, Any]] = None) -> str:
 
 def model_gemm_shapes(name: str, batch: int, image_size: int = 224
                       ) -> List[Tuple[int, int, int]]:
-  """The (M, K, N) of the model's token-wise GEMMs at this batch: q/k/v/out
-  projections (M, D, D) and the MLP's (M, D, mlp) and (M, mlp, D), with
-  M = batch * tokens. (The attention products are many small batched GEMMs
-  and are left out.)"""
+  """(M, K, N) of the model's token-wise GEMMs, M = batch * tokens: q/k/v/out
+  (M, D, D), the MLP's (M, D, mlp) and (M, mlp, D)."""
   from vit_jax import models  # pylint: disable=import-outside-toplevel
   v = models.decode_variant(name)
   tokens = (image_size // v.patch_size) ** 2 + 1
@@ -190,11 +176,10 @@ def model_gemm_shapes(name: str, batch: int, image_size: int = 224
 
 
 def _time_gemm(run, flop: float, seconds: float, repeats: int = 5) -> float:
-  """Best GFLOP/s of ``repeats`` timed stretches of about
-  ``seconds / repeats`` each (after one warm-up call). A GEMM whose one
-  call already takes that long (torch's bf16 on a CPU without bf16
-  arithmetic: 0.3 GFLOP/s, 58 s for one 2048^3 call on Zen 3) is timed by
-  that one call: six calls took six minutes."""
+  """Best GFLOP/s of ``repeats`` stretches of ``seconds / repeats`` each,
+  after a warm-up call; a call that already takes that long (torch's bf16
+  without bf16 arithmetic: 58 s for one 2048^3 GEMM on Zen 3) is timed
+  once."""
   run()
   t0 = time.perf_counter()
   run()
@@ -254,11 +239,10 @@ def measure_gemms(shapes: Sequence[Tuple[int, int, int]] = (SQUARE,),
                   seconds: float = 0.6, cpus: Optional[List[int]] = None,
                   wait_quiet_s: float = 0.0,
                   quiet_load: float = 0.3) -> Dict[str, Any]:
-  """GEMM rates (GFLOP/s) of each framework and dtype on ``shapes``
-  (M, K, N), each framework in its own child (first waiting up to
-  ``wait_quiet_s`` for other processes to use at most ``quiet_load``
-  cores). Returns ``{"rates": [{framework, dtype, shape, gflops}, ...],
-  "versions": ..., "other_load": {framework: cores others used}}``."""
+  """``{"rates": [{framework, dtype, shape, gflops}, ...], "versions",
+  "other_load": {framework: cores others used}}`` on ``shapes`` (M, K, N),
+  each framework in its own child (after waiting up to ``wait_quiet_s``
+  for quiet)."""
   shapes = [list(s) for s in dict.fromkeys(tuple(s) for s in shapes)]
   rates, versions, other = [], {}, {}
   for fw in frameworks:
@@ -287,9 +271,7 @@ def roofline(gemms: Optional[Dict[str, Any]], dtype: str
              ) -> Optional[Dict[str, Any]]:
   """The best GEMM of ``dtype`` in a :func:`measure_gemms` result:
   ``{"gflops", "kind", "shape"}`` (None without measurements)."""
-  if not gemms:
-    return None
-  cands = [r for r in gemms["rates"] if r["dtype"] == dtype]
+  cands = [r for r in (gemms or {}).get("rates", []) if r["dtype"] == dtype]
   if not cands:
     return None
   best = max(cands, key=lambda r: r["gflops"])
@@ -327,29 +309,23 @@ def format_gemms(gemms: Dict[str, Any], workload_dtype: Optional[str] = None
 
 
 def percent_of(gflops: float, best: Optional[Dict[str, Any]]) -> str:
-  """A contestant's GFLOP/s as a share of the roofline, e.g. ``' 41%'``."""
-  if not best or not best.get("gflops"):
-    return "-"
-  return f"{100.0 * gflops / best['gflops']:.0f}%"
+  """A contestant's GFLOP/s as a share of the roofline, e.g. ``41%``."""
+  return f"{100.0 * gflops / best['gflops']:.0f}%" if best else "-"
 
 
 def add_gemm_args(p: argparse.ArgumentParser):
   """The roofline options of every throughput table (bench.py, ab.py)."""
   p.add_argument("--gemm-seconds", type=float, default=0.6,
-                 help="time per GEMM (framework, dtype, shape) for the "
-                      "roofline measured in the same run")
+                 help="time per GEMM (framework, dtype, shape) timed")
   p.add_argument("--gemm-square", type=int, default=SQUARE[0],
-                 help="side of the square GEMM timed beside the model's own "
-                      "GEMM shapes")
+                 help="side of the square GEMM beside the model's shapes")
   p.add_argument("--no-gemm", action="store_true",
-                 help="skip the GEMM rates (no roofline column)")
+                 help="skip the GEMM rates (no roofline)")
 
 
 def gemms_for(args, points=(), dtypes=("float32", "bfloat16")):
-  """:func:`measure_gemms` for a table made with :func:`add_gemm_args`'s
-  options: the square GEMM and the own shapes of each (variant, batch,
-  image size) in ``points``, in JAX and (when installed) torch. None with
-  ``--no-gemm``."""
+  """:func:`measure_gemms` of the square GEMM and each (variant, batch,
+  image size)'s shapes, in JAX and torch (if installed); None: --no-gemm."""
   if args.no_gemm:
     return None
   frameworks = ["jax"] + (["torch"] if importlib.util.find_spec("torch")
@@ -378,8 +354,7 @@ def main(argv=None):
   isa_line = set_isa(args.isa, info)
   gemms = gemms_for(args, [(args.model, args.batch, args.image_size)]
                     if args.model else [])
-  print(describe(info))
-  print(isa_line)
+  print(describe(info) + "\n" + isa_line)
   if gemms:
     print(format_gemms(gemms))
   if args.json:

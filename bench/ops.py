@@ -1,22 +1,16 @@
 """Where a step spends its time, op by op, JAX against torch on the same
 model and batch; with ``--ablate``, what each group of ops costs it.
 
-    python bench/ops.py --model vit_ti_16 --batch 16 [--isa avx2]
-    python bench/ops.py --model vit_ti_16 --batch 16 --ablate --rounds 3
+    python bench/ops.py --model vit_ti_16 --batch 16 [--ablate] [--isa avx2]
 
-Each framework runs in its own child (bench/worker.py's ``ops``). JAX: the
-thunks of a ``jax.profiler`` trace of the compiled step (bench/steps.py),
-grouped by what their HLO computes (ops, and the op_names JAX writes);
-torch: ``torch.profiler`` on torchvision's ViT with AdamW, each aten op's
-self time grouped the same way. Times are ms per step summed over threads:
-XLA:CPU runs independent ops at once and an op's time includes its wait
-for a thread, so this shows where the ops are, not what they cost.
-
-``--ablate`` measures what a group costs: the step with the group replaced
-by a near-free stand-in in both frameworks (:data:`ABLATIONS`; "all": the
-three at once, leaving GEMMs, patch embedding, loss, optimizer, copies).
-Each framework's child builds every variant (the stand-ins in place while
-JAX traces, and around each torch step) and times them in rotation over
+Each framework in its own child. JAX: the thunks of a ``jax.profiler`` trace
+of the step, grouped by what their HLO computes; torch: ``torch.profiler``'s
+aten ops, grouped alike. XLA:CPU runs independent ops at once and an op's
+time includes its wait for a thread: this shows where ops are, not what
+they cost. ``--ablate`` measures that: the step with a group replaced by a
+near-free stand-in in both frameworks (:data:`ABLATIONS`; "all": the three
+at once), every variant built in the framework's child (the stand-ins in
+place while JAX traces, around each torch step) and timed in rotation over
 ``--rounds``; a group's cost is the full step minus the step without it,
 paired within a round. Only the time of a stand-in is read.
 """
@@ -25,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import collections
+import contextlib
 import glob
 import importlib.util
 import json
@@ -95,10 +90,9 @@ def _inner(name, instrs, comps, seen=None):
 
 
 def group_of(ops, metas) -> str:
-  """The group of an XLA instruction from its ops and the op_names JAX
-  wrote into it (``jit(train_step)/jvp(VisionTransformer)/.../query/
-  dot_general``); ops outside the model and its gradient (no module path,
-  no jvp / transpose) are the optimizer's update."""
+  """An XLA instruction's group from its ops and the op_names JAX wrote
+  (``jit(train_step)/jvp(VisionTransformer)/.../query/dot_general``); ops
+  outside the model and its gradient are the optimizer's update."""
   text = " ".join(metas).lower()
   in_model = any(k in text for k in ("visiontransformer", "jvp(",
                                      "transpose(", "softmax_cross_entropy"))
@@ -165,10 +159,9 @@ def _median_step_ms(step, steps: int) -> float:
 
 
 def _finish(spec, runs, first, profile):
-  """--ablate: {variant: [median ms of ``steps`` steps, per round]}, the
-  variants in rotation (the order reversed every other round), and each
-  one's first loss (a stand-in that replaced nothing would leave it).
-  Else: the full step's wall ms and its ops grouped by ``profile``."""
+  """--ablate: {variant: [median ms per round]}, the variants in rotation,
+  and each one's first loss (a stand-in that replaced nothing would leave
+  it); else the full step's wall ms and its ops grouped by ``profile``."""
   if spec["ablate"]:
     order, walls = list(runs), {v: [] for v in runs}
     for r in range(spec["rounds"]):
@@ -181,23 +174,46 @@ def _finish(spec, runs, first, profile):
               top=detail.most_common(spec["top"]))
 
 
-def _jax_stand_ins(kernels, groups):
-  """Replaces the kernels of ``groups`` in vit_jax.models.kernels (float32
-  paths); the model looks them up when JAX traces it."""
-  if "attention" in groups:
-    def attention(qh, kh, vh, scale, bias=None):
-      del scale, bias
-      q = qh.sum(axis=2, keepdims=True) if qh.shape != kh.shape else qh
-      return vh + (q + kh) * _TINY
-    kernels.attention = attention
-  if "LayerNorm" in groups:
-    def layer_norm(x, scale, bias, eps, out_dtype):
-      del eps
-      y = x if scale is None else x * scale
-      return (y if bias is None else y + bias).astype(out_dtype)
-    kernels.layer_norm = layer_norm
-  if "GELU" in groups:
-    kernels.bias_gelu = lambda y, bias: y + bias
+def _sdpa(q, k, v, *args, **kwargs):  # torch's q, k, v: (B, H, N, hd)
+  del args, kwargs
+  return v + ((q.sum(-2, keepdim=True) if q.shape != k.shape else q) + k) * _TINY
+
+
+def _attention(qh, kh, vh, scale, bias=None):  # kernels.attention
+  del scale, bias
+  return vh + ((qh.sum(axis=2, keepdims=True) if qh.shape != kh.shape
+                else qh) + kh) * _TINY
+
+
+# The stand-ins, by group: the functions they replace, in
+# vit_jax.models.kernels (looked up when JAX traces the model) and in
+# torch.nn.functional (called by torchvision's ViT at every step).
+JAX_STAND_INS = {
+    "attention": {"attention": _attention},
+    "LayerNorm": {"layer_norm": lambda x, scale, bias, eps, out_dtype: (
+        (x if scale is None else x * scale) + (0 if bias is None else bias)
+    ).astype(out_dtype)},
+    "GELU": {"bias_gelu": lambda y, bias: y + bias}}
+TORCH_STAND_INS = {
+    "attention": {"scaled_dot_product_attention": _sdpa},
+    "LayerNorm": {"layer_norm": lambda x, shape, weight=None, bias=None,
+                  eps=1e-5: (x if weight is None else x * weight) + (
+                      0 if bias is None else bias)},
+    "GELU": {"gelu": lambda x, approximate="none": x}}
+
+
+@contextlib.contextmanager
+def _stand_ins(module, table, variant):
+  """The stand-ins of ``variant``'s groups in place in ``module``."""
+  new = {k: f for g in VARIANTS[variant] for k, f in table[g].items()}
+  saved = {k: getattr(module, k) for k in new}
+  try:
+    for k, f in new.items():
+      setattr(module, k, f)
+    yield
+  finally:
+    for k, f in saved.items():
+      setattr(module, k, f)
 
 
 def _jax(spec):
@@ -211,12 +227,9 @@ def _jax(spec):
   rng = np.random.default_rng(0)
   x = jnp.asarray(rng.standard_normal((b, s, s, 3)), jnp.float32)
   y = jnp.asarray(rng.integers(0, 1000, b), jnp.int32)
-  saved = {k: getattr(kernels, k) for k in ("attention", "layer_norm",
-                                            "bias_gelu")}
   runs, first, compiled = {}, {}, {}
   for v in VARIANTS if spec["ablate"] else [""]:
-    _jax_stand_ins(kernels, VARIANTS[v])
-    try:
+    with _stand_ins(kernels, JAX_STAND_INS, v):
       model = models.get_model(spec["model"], num_classes=1000, **(
           {"num_layers": spec["layers"]} if spec["layers"] else {}))
       variables = models.init_params(model, s)
@@ -228,9 +241,6 @@ def _jax(spec):
       compiled[v] = steps.lower(model, spec["mode"], variables, x, y,
                                 tx).compile()
       step = steps.runner(compiled[v], spec["mode"], variables, x, y, tx)
-    finally:
-      for k, f in saved.items():
-        setattr(kernels, k, f)
     first[v] = [float(o) for o in np.asarray(step()).ravel()[:4]]
     for _ in range(spec["warmup"]):
       step()
@@ -309,29 +319,6 @@ def _under_optimizer(ev) -> bool:
   return False
 
 
-def _torch_stand_ins(F, groups):
-  """The same stand-ins in torch.nn.functional, which torchvision's ViT
-  calls (nn.LayerNorm, nn.GELU, nn.MultiheadAttention's SDPA); returns
-  what they replaced."""
-  saved = {k: getattr(F, k) for k in ("scaled_dot_product_attention",
-                                      "layer_norm", "gelu")}
-  if "attention" in groups:
-    def sdpa(q, k, v, *args, **kwargs):
-      del args, kwargs
-      q = q.sum(dim=-2, keepdim=True) if q.shape != k.shape else q
-      return v + (q + k) * _TINY
-    F.scaled_dot_product_attention = sdpa
-  if "LayerNorm" in groups:
-    def layer_norm(x, shape, weight=None, bias=None, eps=1e-5):
-      del shape, eps
-      y = x if weight is None else x * weight
-      return y if bias is None else y + bias
-    F.layer_norm = layer_norm
-  if "GELU" in groups:
-    F.gelu = lambda x, approximate="none": x
-  return saved
-
-
 def _torch(spec):
   import numpy as np  # pylint: disable=import-outside-toplevel
   import torch  # pylint: disable=import-outside-toplevel
@@ -356,9 +343,8 @@ def _torch(spec):
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3, weight_decay=0.05)
     model.train(spec["mode"] == "train")
 
-    def step(model=model, opt=opt, groups=VARIANTS[variant]):
-      saved = _torch_stand_ins(F, groups)
-      try:
+    def step(model=model, opt=opt, variant=variant):
+      with _stand_ins(F, TORCH_STAND_INS, variant):
         if spec["mode"] != "train":
           with torch.inference_mode():
             return model(x)
@@ -367,9 +353,6 @@ def _torch(spec):
         loss.backward()
         opt.step()
         return loss.detach()
-      finally:
-        for k, f in saved.items():
-          setattr(F, k, f)
     first[variant] = [float(o) for o in step().numpy().ravel()[:4]]
     for _ in range(spec["warmup"]):
       step()
@@ -464,28 +447,18 @@ def format_table(res: dict) -> str:
 
 def main(argv=None) -> dict:
   p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-  p.add_argument("--model", default="vit_ti_16")
+  for flag, v in (("--model", "vit_ti_16"), ("--batch", 16),
+                  ("--image-size", 224), ("--layers", 0), ("--steps", 5),
+                  ("--warmup", 3), ("--top", 12), ("--rounds", 3)):
+    p.add_argument(flag, type=type(v), default=v)
   p.add_argument("--mode", choices=("train", "infer"), default="train")
-  p.add_argument("--batch", type=int, default=16)
-  p.add_argument("--image-size", type=int, default=224)
-  p.add_argument("--layers", type=int, default=0,
-                 help="blocks of both models (default: the variant's)")
-  p.add_argument("--steps", type=int, default=5)
-  p.add_argument("--warmup", type=int, default=3)
-  p.add_argument("--top", type=int, default=12)
   p.add_argument("--ablate", action="store_true",
-                 help="what each group costs in wall time: the step with "
-                 "the group replaced by a stand-in in both frameworks")
-  p.add_argument("--rounds", type=int, default=3,
-                 help="--ablate: rounds of every variant")
+                 help="what each group costs the step in wall time")
   p.add_argument("--json", action="store_true")
   machine.add_isa_arg(p)
   args = p.parse_args(argv)
   isa_line = machine.set_isa(args.isa)
-  spec = dict(model=args.model, mode=args.mode, batch=args.batch,
-              image_size=args.image_size, layers=args.layers, steps=args.steps,
-              warmup=args.warmup, top=args.top, rounds=args.rounds,
-              ablate=args.ablate)
+  spec = {k: v for k, v in vars(args).items() if k not in ("isa", "json")}
   res = dict(spec, machine=machine.cpu_info(), isa=args.isa,
              isa_line=isa_line, load_before=os.getloadavg()[0])
   got = {fw: harness.call("ops", dict(spec, framework=fw), fw,
@@ -496,11 +469,10 @@ def main(argv=None) -> dict:
     res["walls"] = {fw: g["walls"] for fw, g in got.items()}
     res["first"] = {fw: g["first"] for fw, g in got.items()}
     res["costs"] = ablation_costs(res["walls"])
-    table = format_ablation(res)
   else:
     res.update(got)
-    table = format_table(res)
-  print(f"{machine.describe(res['machine'])}\n{isa_line}\n{table}\n"
+  print(f"{machine.describe(res['machine'])}\n{isa_line}\n"
+        f"{(format_ablation if args.ablate else format_table)(res)}\n"
         f"load average {res['load_before']:.2f} before, "
         f"{res['load_after']:.2f} after")
   if args.json:

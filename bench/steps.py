@@ -50,9 +50,8 @@ def lower(model, mode: str, variables, x, y, tx=None, *, donate=True,
 
 
 def runner(compiled, mode: str, variables, x, y, tx=None):
-  """One synchronous step of ``compiled`` per call, on its own state (train:
-  the parameters and ``tx``'s state, updated in place); returns the logits
-  or the loss."""
+  """One synchronous step of ``compiled`` per call on its own state, updated
+  in place; returns the logits or the loss."""
   if mode == "infer":
     return lambda: compiled(variables, x).block_until_ready()
   state = [variables["params"], tx.init(variables["params"])]

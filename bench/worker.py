@@ -46,15 +46,12 @@ class _Mallinfo2(ctypes.Structure):
 
 class ReleaseWait:
   """Waits, after a JAX step's result is ready, until XLA has freed the
-  step's block of temporaries, before the next step is dispatched.
-
-  XLA:CPU frees that block on its own thread a few ms after the outputs are
-  ready (ViT-Ti/16 train, Zen 5: 4.3 ms median); a step dispatched at once
-  allocates its own block first, from new memory whose every page faults
-  (the step ~1.6x as long). This polls glibc's bytes in use (``mallinfo2``,
-  ~1 us) until they are back within half a block of the level at rest, at
-  most ``timeout_s``; the wait counts in JAX's time. Does nothing without
-  glibc or for a block under 16 MiB (bench/README.md)."""
+  step's block of temporaries (on its own thread, a few ms later: ViT-Ti/16
+  train, Zen 5, 4.3 ms median); a step dispatched at once takes its block
+  from new memory, every page of it faulting (the step ~1.6x as long).
+  Polls glibc's bytes in use (``mallinfo2``, ~1 us) until back within half
+  a block of the level at rest, at most ``timeout_s``, inside JAX's timed
+  turn. Does nothing without glibc or for blocks under 16 MiB."""
 
   def __init__(self, temp_bytes: int, timeout_s: float = 0.05):
     self.limit, self.timeout_s = None, timeout_s
@@ -120,14 +117,27 @@ def naflex_inputs(spec, form: str, patch: int):
 _send = print  # main() sends on the real stdout
 
 
-def _serve(step, check, info, setup_s, compile_s, turn_extra=None):
-  """Answers run requests until told to quit. ``step()`` runs one
-  synchronous step; ``turn_extra()`` adds fields to each turn's reply."""
-  info = dict(info, pid=os.getpid(), isa_env={
-      k: os.environ[k] for k in ISA_ENV if k in os.environ})
-  check = np.asarray(check, np.float64).ravel()[:4000].tolist()
+def _serve(spec, step, info, t0, compile_s="first", turn_extra=None,
+           settle=None):
+  """Times the first call (``compile_s="first"``: its time is the compile
+  time), warms up, says it is ready (``setup_s``: since ``t0``, compile
+  aside; ``check``: the first output) and answers run requests until told
+  to quit. ``step()`` runs one synchronous step; ``settle()`` runs after
+  the warm-up; ``turn_extra()`` adds fields to each turn's reply."""
+  setup_s = time.perf_counter() - t0 - (compile_s if isinstance(
+      compile_s, float) else 0.0)
+  t = time.perf_counter()
+  out = step()  # first call: compiles, plans, creates oneDNN primitives
+  compile_s = time.perf_counter() - t if compile_s == "first" else compile_s
+  for _ in range(spec["warmup"]):
+    step()
+  if settle:
+    settle()
+  out = out.detach().float().numpy() if hasattr(out, "detach") else out
   _send({"ready": True, "setup_s": setup_s, "compile_s": compile_s,
-         "check": check, "info": info})
+         "check": np.asarray(out, np.float64).ravel()[:4000].tolist(),
+         "info": dict(info, pid=os.getpid(), isa_env={
+             k: os.environ[k] for k in ISA_ENV if k in os.environ})})
   try:  # bounds a long child's kept heap (vit_jax/train/host_memory.py)
     from vit_jax.train.host_memory import HeapGuard, MALLOC_ENV  # pylint: disable=import-outside-toplevel
     kept = all(os.environ.get(k) == v for k, v in MALLOC_ENV.items())
@@ -195,8 +205,6 @@ def weights_main(spec):
 def torch_main(spec):
   t0 = time.perf_counter()
   import torch  # pylint: disable=import-outside-toplevel
-  if spec.get("threads"):
-    torch.set_num_threads(int(spec["threads"]))
   model = _torch_model(spec)
   images, labels = _inputs(spec)
   x = torch.from_numpy(images.transpose(0, 3, 1, 2).copy())  # NCHW
@@ -210,7 +218,6 @@ def torch_main(spec):
     def step():
       with torch.inference_mode(), autocast():
         return fwd(x)
-    first = lambda: step().float().numpy()
   else:
     model.train()
     opt = torch.optim.AdamW(model.parameters(), lr=spec["lr"],
@@ -223,17 +230,9 @@ def torch_main(spec):
       loss.backward()
       opt.step()
       return loss
-    first = lambda: [float(step().detach())]
-  setup_s = time.perf_counter() - t0
-  t = time.perf_counter()
-  check = first()  # first call: oneDNN primitive creation / torch.compile
-  compile_s = time.perf_counter() - t
-  for _ in range(spec["warmup"]):
-    step()
-  _serve(step, check, {"threads": torch.get_num_threads(),
-                       "torch": torch.__version__,
-                       "compiled": bool(spec.get("torch_compile"))},
-         setup_s, compile_s if spec.get("torch_compile") else None)
+  _serve(spec, step, {"threads": torch.get_num_threads(),
+                      "torch": torch.__version__}, t0,
+         "first" if spec.get("torch_compile") else None)
 
 
 # JAX.
@@ -283,24 +282,20 @@ def jax_main(spec):
   # Waits for XLA to free the step's temporaries (settled after warm-up).
   wait = ReleaseWait(mem["temp"] if spec.get("release_wait", True) else 0)
   step = lambda: (run(), wait())[0]
-  setup_s = time.perf_counter() - t0 - compile_s
-  check = np.asarray(step(), np.float32)
-  for _ in range(spec["warmup"]):
-    step()
-  wait.settle()
 
   def turn_extra():  # this turn's wait for the temporaries
     out = {"release_wait_s": wait.waited_s, "release_timeouts": wait.timeouts}
     wait.waited_s, wait.timeouts = 0.0, 0
     return out
-  _serve(step, check, {
+  _serve(spec, step, {
       "jax": jax.__version__, "devices": str(jax.devices()),
       "xla_flags": os.environ.get("XLA_FLAGS", ""),
       "overrides": {k: str(v) for k, v in overrides.items()},
       # which checkout ran (ab.py's src=)
       "vit_jax": os.path.dirname(os.path.abspath(vit_jax.__file__)),
-      "memory": mem, "release_wait": wait.limit is not None},
-         setup_s, compile_s, turn_extra)
+      "memory": mem, "release_wait": bool(wait._mallinfo2 and wait.temp_bytes
+                                             >= 2 ** 24)},  # pylint: disable=protected-access
+         t0, compile_s, turn_extra, wait.settle)
 
 
 # Exported artifacts in their runtimes (python -m vit_jax.export's formats).
@@ -309,10 +304,8 @@ FORMATS = {"stablehlo": "stablehlo", "savedmodel": "savedmodel",
 
 
 def runtime_main(framework: str, spec):
-  """Untimed: our model on the torch side's weights exported (dynamic
-  batch) to a temporary folder and loaded by its own runtime. A step is
-  one call of the artifact on the batch, already in the runtime's own
-  array type, its result waited for."""
+  """Setup: our model exported (dynamic batch) and loaded by its runtime;
+  a step: one call on the batch (already the runtime's own array type)."""
   t0 = time.perf_counter()
   if framework == "onnxruntime":  # the ONNX exporter needs torch
     import torch  # noqa: F401  pylint: disable=import-outside-toplevel,unused-import
@@ -342,24 +335,16 @@ def runtime_main(framework: str, spec):
     step = lambda: sess.run(["logits"], {"images": images})[0]
     info = {"onnxruntime": ort.__version__, "intra_op_threads":
             sess.get_session_options().intra_op_num_threads}
-  setup_s = time.perf_counter() - t0
-  t = time.perf_counter()
-  check = np.asarray(step(), np.float32)  # first call: compiles / plans
-  first_s = time.perf_counter() - t
-  for _ in range(spec["warmup"]):
-    step()
-  _serve(step, check, dict(info, export_s=export_s), setup_s, first_s)
+  _serve(spec, step, dict(info, export_s=export_s), t0)
 
 
 # One-shot kinds.
 
 
 def inprocess(spec):
-  """ab.py --in-process: every configuration's step lowered here from
-  shapes (a hash of its StableHLO: ab.py --same-graph), compiled (trace +
-  lower and XLA compile timed, XLA's memory analysis), then, with
-  ``steps`` > 0, stepped in rotation one step at a time (A B C, B C A,
-  ...); per step its time and page faults."""
+  """ab.py --in-process: each config's step lowered from shapes (timed, a
+  hash of its StableHLO), compiled (timed, XLA's memory analysis), then
+  stepped in rotation, one step at a time: each step's time and faults."""
   import jax  # pylint: disable=import-outside-toplevel
   import jax.numpy as jnp  # pylint: disable=import-outside-toplevel
   from bench import steps  # pylint: disable=import-outside-toplevel
@@ -401,17 +386,14 @@ def inprocess(spec):
       run()
     release.settle()
   labels = list(runs)
-  times = {k: [] for k in labels}
-  faults = {k: [] for k in labels}
+  times, faults = {k: [] for k in labels}, {k: [] for k in labels}
   for i in range(spec["steps"]):
     for k in labels[i % len(labels):] + labels[:i % len(labels)]:
-      run, release = runs[k]
-      f0 = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
-      t0 = time.perf_counter()
-      run()
-      release()
+      f0, t0 = _counters()["minflt"], time.perf_counter()
+      runs[k][0]()
+      runs[k][1]()
       times[k].append(time.perf_counter() - t0)
-      faults[k].append(resource.getrusage(resource.RUSAGE_SELF).ru_minflt - f0)
+      faults[k].append(_counters()["minflt"] - f0)
   return {"times": times, "faults": faults, "info": info}
 
 
