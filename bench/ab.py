@@ -1,7 +1,5 @@
 """A/B of JAX configurations: which is faster, smaller, or the same program.
 
-    python bench/ab.py --model vit_b_16 --config "base:" \
-        --config "onednn:flags=--xla_cpu_use_onednn=true"
     python bench/ab.py --config "old:src=/tmp/base" --config "new:" --processes 2
     python bench/ab.py --in-process --model vit_ti_16 --mode train --batch 16 \
         --config "default:" --config "memopt:flags=--xla_cpu_scheduler_type=CPU_SCHEDULER_TYPE_MEMORY_OPTIMIZED"
@@ -9,23 +7,17 @@
         --config "none:" --config "dots:opt.remat_policy=dots"
     python bench/ab.py --same-graph --config "main:src=/tmp/base" --config "new:"
 
-``--config LABEL:KEY=VALUE;...`` (the first is the reference), keys:
-``flags=`` XLA_FLAGS (in-process: jax.jit compile options); ``src=PATH``
-vit_jax from another checkout; ``opt.FIELD=V`` a model override;
-``donate=false``; ``release_wait=false`` (bench/worker.py's ReleaseWait);
-``env.NAME=V``; ``input=square|naflex_square|naflex`` (in-process: a NaFlex
-model's inputs of one token count: NHWC images, the same as a NaFlex dict,
-8 aspect ratios padded; with e.g. ``--jax-opt naflex=bilinear_aa``).
-
-Default: each config in its own process, rounds alternating (harness.py);
-``--processes N``: each in N (alternating rounds cancel a slow spell of the
-machine, not a slow process). ``--in-process``: one child compiles every
-config's step (lower and compile time, XLA's memory analysis) and steps
-them in rotation, one step at a time, medians over steps that did not fault
-(< 1000 pages): it resolves ~2 % where processes differ by 10 % (no src=,
-env.); ``--steps 0``: compile only. ``--same-graph``: a hash of each
-config's lowered step, each in its own process: the same hash, the same
-program, whatever the load.
+``--config LABEL:KEY=VALUE;...`` (the first is the reference): ``flags=``
+XLA_FLAGS (in-process: compile options), ``src=PATH`` vit_jax from another
+checkout, ``opt.FIELD=V`` a model override, ``donate=false``,
+``release_wait=false`` (worker.ReleaseWait), ``env.NAME=V``,
+``input=square|naflex_square|naflex`` (in-process: a NaFlex model's inputs
+of one token count). Default: each config in its own process, alternating
+(``--processes N``: in N each). ``--in-process``: one child compiles every
+config's step and steps them in rotation, medians over steps that did not
+fault (it resolves ~2 % where processes differ by 10 %); ``--steps 0``:
+compile time and memory only. ``--same-graph``: a hash of each config's
+lowered step, each in its own process (the same hash, the same program).
 """
 
 from __future__ import annotations

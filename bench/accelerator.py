@@ -329,20 +329,19 @@ def main(argv=None):
                       "on CPU); 'auto' = the backend's choice")
   p.add_argument("--scan", nargs="+", choices=("on", "off"),
                  default=["off", "on"])
-  p.add_argument("--steps", type=int, help="timed steps per setting")
-  p.add_argument("--e2e-steps", type=int)
+  for flag, what in (("--steps", "timed steps per setting"),
+                    ("--e2e-steps", "train.py's steps in part 3"),
+                    ("--images", "JPEGs generated"),
+                    ("--timm-depth", "blocks of timm's model in part 5 (0: "
+                     "all; default all, 2 on CPU)")):
+    p.add_argument(flag, type=int, help=what)
   p.add_argument("--e2e-data", choices=("synthetic", "folder"),
-                 default="synthetic",
-                 help="part 3's data: batches made on the devices, or the "
-                      "JPEG folder through the input pipeline (TensorFlow)")
-  p.add_argument("--images", type=int, help="JPEGs generated")
+                 default="synthetic", help="part 3: batches made on the "
+                 "devices, or the JPEGs through the pipeline (TensorFlow)")
   p.add_argument("--jpeg-size", type=int, nargs=2, metavar=("H", "W"))
   p.add_argument("--skip", nargs="*", default=[],
                  choices=("step", "pipeline", "e2e", "logits", "timm",
                           "torch"))
-  p.add_argument("--timm-depth", type=int,
-                 help="blocks of timm's model in part 5 (0: all; default "
-                      "all, 2 on CPU)")
   p.add_argument("--json", help="also write the results here")
   args = p.parse_args(argv)
   if "timm" not in args.skip or "torch" not in args.skip:

@@ -156,33 +156,29 @@ def summarise(res, w: harness.Workload, gemms=None) -> dict:
   """The flat JSON record of one point (headline numbers first)."""
   c = res["contestants"]
   rec = {"model": w.name, "mode": w.mode, "dtype": w.dtype, "batch": w.batch,
-         "image_size": w.image_size,
-         "jax_img_per_sec": c["jax"]["img_per_sec"]["median"]}
-  for i, lab in enumerate(k for k in c if k != "jax"):
-    ratio = harness.summary([r["jax"]["img_per_sec"] / r[lab]["img_per_sec"]
-                             for r in res["rounds"]])
-    rec[f"{lab.replace('.', '_')}_img_per_sec"] = c[lab]["img_per_sec"][
-        "median"]
-    rec[f"ratio_vs_{lab.replace('.', '_')}"] = ratio["median"]
-    if i == 0:  # the first peer: the headline
-      rec.update(ratio=ratio["median"], ratio_min=ratio["min"],
-                 ratio_max=ratio["max"], peer=lab,
-                 check_max_abs_diff=c[lab].get("check_max_abs_diff"),
-                 cpu_time_ratio=1 / c[lab]["cpu_ratio_vs_reference"]["median"])
-  rec["gflop_per_image"] = rec["tokens"] = rec["attention_fraction"] = None
-  if not w.timm:
-    fb = flops_lib.vit_forward_flops(image_size=w.image_size,
-                                     **vars(w.variant()))
-    rec.update(gflop_per_image=flops_lib.step_flops(
-        w.variant(), w.image_size, w.mode, w.num_classes) / 1e9,
-               tokens=fb.tokens, attention_fraction=fb.attention_fraction)
+         "image_size": w.image_size}
+  fb = None if w.timm else flops_lib.vit_forward_flops(
+      image_size=w.image_size, **vars(w.variant()))
+  rec.update(gflop_per_image=fb and fb.total * (3 if w.mode == "train" else 1)
+             / 1e9, tokens=fb and fb.tokens,
+             attention_fraction=fb and fb.attention_fraction)
   best = machine.roofline(gemms, w.dtype)
   rec["gemm_peak_gflops"] = best["gflops"] if best else None
-  for lab, cont in c.items():
-    if best and rec["gflop_per_image"]:
-      rec[f"{lab.replace('.', '_')}_pct_of_gemm_peak"] = (
-          100.0 * rec["gflop_per_image"] * cont["img_per_sec"]["median"] /
-          best["gflops"])
+  for i, (lab, cont) in enumerate(c.items()):
+    key = lab.replace(".", "_")
+    ips = rec[f"{key}_img_per_sec"] = cont["img_per_sec"]["median"]
+    if best and fb:
+      rec[f"{key}_pct_of_gemm_peak"] = (100.0 * rec["gflop_per_image"] * ips /
+                                        best["gflops"])
+    if lab != "jax":
+      ratio = harness.summary([r["jax"]["img_per_sec"] / r[lab]["img_per_sec"]
+                               for r in res["rounds"]])
+      rec[f"ratio_vs_{key}"] = ratio["median"]
+    if i == 1:  # the first peer: the headline
+      rec.update(ratio=ratio["median"], ratio_min=ratio["min"],
+                 ratio_max=ratio["max"], peer=lab,
+                 check_max_abs_diff=cont.get("check_max_abs_diff"),
+                 cpu_time_ratio=1 / cont["cpu_ratio_vs_reference"]["median"])
   rec.update(jax_compile_s=c["jax"]["compile_s"], rounds=len(res["rounds"]),
              cpu_count=res["cpu_count"], load_avg_1m=res["load_avg_1m"],
              machine=res["machine"], gemms=gemms, details=res)

@@ -332,15 +332,11 @@ def run(workload: Workload, contestants: List[Contestant], *, rounds: int = 5,
 def _make_weights_without_torch(workload: Workload, path: str):
   """Without a torch contestant: random, perturbed weights in torchvision's
   layout."""
-  import jax  # pylint: disable=import-outside-toplevel
   import numpy as np  # pylint: disable=import-outside-toplevel
+  from bench import steps  # pylint: disable=import-outside-toplevel
   from vit_jax import convert, models  # pylint: disable=import-outside-toplevel
   model = models.get_model(workload.name, num_classes=workload.num_classes,
                            num_layers=workload.variant().num_layers)
-  variables = models.init_params(model, workload.image_size, workload.seed)
-  leaves, treedef = jax.tree_util.tree_flatten(variables)
-  rs = np.random.RandomState(workload.seed)
-  leaves = [np.asarray(x) + 0.02 * rs.standard_normal(np.shape(x)).astype(
-      np.float32) for x in leaves]
-  np.savez(path, **convert.params_to_torchvision(
-      jax.tree_util.tree_unflatten(treedef, leaves)))
+  np.savez(path, **convert.params_to_torchvision(steps.perturbed(
+      models.init_params(model, workload.image_size, workload.seed),
+      workload.seed)))

@@ -377,8 +377,10 @@ def inprocess(spec):
     inf.update(compile_s=time.perf_counter() - t0,
                memory=steps.peak_bytes(compiled))
     if spec["steps"]:
-      run = steps.runner(compiled, spec["mode"], models.init_params(
-          model, spec["image_size"], spec["seed"]), x, y, tx)
+      run = steps.runner(compiled, spec["mode"], jax.device_put(
+          steps.perturbed(models.init_params(model, spec["image_size"],
+                                             spec["seed"]), spec["seed"])),
+                         x, y, tx)
       runs[cfg["label"]] = (run, ReleaseWait(inf["memory"]["temp"]))
       inf["check"] = float(jnp.asarray(run(), jnp.float32).sum())
   for run, release in runs.values():  # warm-up
