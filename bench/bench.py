@@ -153,7 +153,7 @@ def rows(res, gflop=None, best=None) -> list:
 
 
 def summarise(res, w: harness.Workload, gemms=None) -> dict:
-  """The flat JSON record of one point (headline numbers first)."""
+  """The flat JSON record of one point (``ratio``: JAX / the first peer)."""
   c = res["contestants"]
   rec = {"model": w.name, "mode": w.mode, "dtype": w.dtype, "batch": w.batch,
          "image_size": w.image_size}
