@@ -1,26 +1,23 @@
-"""A/B of JAX configurations, alternating round by round (how each
-optimisation in bench/README.md was measured).
+"""A/B of JAX configurations: which is faster, smaller, or the same program.
 
-Each ``--config`` is ``LABEL:KEY=VALUE;KEY=VALUE...`` with keys
-  flags=...     XLA_FLAGS for that child (e.g. flags=--xla_cpu_use_onednn=true)
-  src=PATH      import vit_jax from another checkout (e.g. the last commit,
-                exported with ``git worktree add /tmp/base HEAD``)
-  opt.FIELD=V   a model override (opt.scan_layers=true, opt.remat_policy=dots)
-  donate=false  don't donate the train state
-  release_wait=false  dispatch each step as soon as the last one's result
-                is ready, without waiting for XLA to free its temporaries
-                (bench/worker.py's ReleaseWait)
-  env.NAME=V    an environment variable for that child
-The first config is the reference; ratios are per-round paired ratios.
-``--processes N`` runs each config in N child processes (``a``, ``a/2``,
-...): alternating rounds cancel a slow spell of the machine, not a slow
-process, and on a VM the same config has differed by 0.86x between two
-processes (bench/README.md); the summary gives each config's spread over
-its processes.
+    python bench/ab.py --config "old:src=/tmp/base" --config "new:" --processes 2
+    python bench/ab.py --in-process --model vit_ti_16 --mode train --batch 16 \
+        --config "default:" --config "memopt:flags=--xla_cpu_scheduler_type=CPU_SCHEDULER_TYPE_MEMORY_OPTIMIZED"
+    python bench/ab.py --in-process --steps 0 --mode train --batch 32 \
+        --config "none:" --config "dots:opt.remat_policy=dots"
+    python bench/ab.py --same-graph --config "main:src=/tmp/base" --config "new:"
 
-    .venv/bin/python bench/ab.py --model vit_b_16 --mode infer --batch 8 \\
-        --config "base:" --config "onednn:flags=--xla_cpu_use_onednn=true"
-    .venv/bin/python bench/ab.py --config "old:src=/tmp/base" --config "new:"
+``--config LABEL:KEY=VALUE;...`` (the first is the reference): ``flags=``
+XLA_FLAGS (in-process: compile options), ``src=PATH`` vit_jax from another
+checkout, ``opt.FIELD=V`` a model override, ``donate=false``,
+``release_wait=false`` (worker.ReleaseWait), ``env.NAME=V``,
+``input=square|naflex_square|naflex`` (in-process: a NaFlex model's inputs
+of one token count). Default: each config in its own process, alternating
+(``--processes N``: in N each). ``--in-process``: one child compiles every
+config's step and steps them in rotation, medians over steps that did not
+fault (it resolves ~2 % where processes differ by 10 %); ``--steps 0``:
+compile time and memory only. ``--same-graph``: a hash of each config's
+lowered step, each in its own process (the same hash, the same program).
 """
 
 from __future__ import annotations
@@ -28,24 +25,28 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
-import statistics
 import os
+import statistics
 import sys
+from typing import Any, Dict, List
 
 if __package__ in (None, ""):
   sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
+from bench import bench as bench_lib  # noqa: E402
 from bench import flops as flops_lib  # noqa: E402
 from bench import harness  # noqa: E402
 from bench import machine  # noqa: E402
 from vit_jax.data import console  # noqa: E402
 
+FAULTED = 1000  # page faults that make a step "faulted" (fresh memory)
+INPUTS = ("square", "naflex_square", "naflex")
+
 
 def parse_config(text: str) -> harness.Contestant:
   label, _, rest = text.partition(":")
-  options = {"model_overrides": {}}
-  flags = []
-  env = {}
+  options: Dict[str, Any] = {"model_overrides": {}}
+  flags, env = [], {}
   for item in filter(None, (s.strip() for s in rest.split(";"))):
     k, _, v = item.partition("=")
     if k == "flags":
@@ -54,15 +55,14 @@ def parse_config(text: str) -> harness.Contestant:
       options["src"] = os.path.abspath(v)
     elif k in ("donate", "release_wait"):
       options[k] = v.lower() in ("1", "true", "yes")
+    elif k == "input" and v in INPUTS:
+      options["input"] = v
     elif k.startswith("env."):
       env[k[4:]] = v
     elif k.startswith("opt."):
-      try:
-        options["model_overrides"][k[4:]] = json.loads(v)
-      except json.JSONDecodeError:
-        options["model_overrides"][k[4:]] = v
+      options["model_overrides"].update(bench_lib.parse_overrides([item[4:]]))
     else:
-      raise ValueError(f"unknown key {k!r} in --config {text!r}")
+      raise ValueError(f"unknown key {k!r} (or value) in --config {text!r}")
   return harness.Contestant(label, "jax", options=options,
                             xla_flags=" ".join(f for f in flags if f),
                             env=env)
@@ -77,11 +77,8 @@ def replicate(cs, processes: int):
 
 
 def format_processes(res, labels, processes: int) -> str:
-  """Per config, over its processes: each process's median img/s and
-  paired ratio against the reference's first process, then their median
-  and range."""
-  if processes < 2:
-    return ""
+  """Per config, over its processes: each one's median img/s and paired
+  ratio against the reference's first process; their median and range."""
   lines = [f"per config over its {processes} processes (ratio: each "
            f"process against {labels[0]}, the reference's first)"]
   for lab in labels:
@@ -97,87 +94,169 @@ def format_processes(res, labels, processes: int) -> str:
   return "\n".join(lines)
 
 
-def format_table(res, reference: str, rounds: int) -> str:
-  """The A/B table: throughput, paired ratio against ``reference``, CPU
-  time, analytic GFLOP/s and its share of the machine's best GEMM."""
-  from vit_jax import models  # pylint: disable=import-outside-toplevel
+def format_table(res) -> str:
   w = res["workload"]
-  gflop = flops_lib.step_flops(models.decode_variant(w["name"]),
+  gflop = flops_lib.step_flops(harness.Workload(**w).variant(),
                                w["image_size"], w["mode"],
                                w["num_classes"]) / 1e9
-  best = machine.roofline(res.get("gemms"), w["dtype"])
-  lines = [
-      machine.describe(res["machine"]),
-      f"{w['name']} {w['mode']} {w['dtype']} batch {w['batch']} "
-      f"{w['image_size']}px, {rounds} alternating rounds, load avg "
-      f"{res['load_avg_1m']:.1f}",
-      f"{'config':14s} {'img/s':>8s} {'min-max':>15s} "
-      f"{'vs ' + reference:>20s} {'cpu ms/img':>10s} {'cpu ratio':>9s} "
-      f"{'GFLOP/s':>8s} {'% GEMM':>7s} {'compile':>8s} {'others':>7s}  "
-      f"max|diff| vs ref"]
-  for lab, c in res["contestants"].items():
-    r = c["ratio_vs_reference"]
-    diff = c.get("check_max_abs_diff")
-    rate = gflop * c["img_per_sec"]["median"]
-    lines.append(
-        f"{lab:14s} {c['img_per_sec']['median']:8.2f} "
-        f"{c['img_per_sec']['min']:7.2f}-{c['img_per_sec']['max']:<7.2f} "
-        f"{r['median']:8.3f}x [{r['min']:.2f}-{r['max']:.2f}] "
-        f"{c['cpu_ms_per_img']['median']:10.1f} "
-        f"{c['cpu_ratio_vs_reference']['median']:8.3f}x "
-        f"{rate:8.1f} {machine.percent_of(rate, best):>7s} "
-        f"{c['compile_s']:7.1f}s {c['other_load']['median']:7.2f}  "
-        f"{'' if diff is None else f'{diff:.1e}'}")
+  lines = [f"{w['name']} {w['mode']} {w['dtype']} batch {w['batch']} "
+           f"{w['image_size']}px, {len(res['rounds'])} alternating rounds, "
+           f"load avg {res['load_avg_1m']:.1f}"] + bench_lib.rows(
+               res, gflop, machine.roofline(res.get("gemms"), w["dtype"]))
   if res.get("gemms"):
     lines += ["", machine.format_gemms(res["gemms"], w["dtype"])]
   return "\n".join(lines)
 
 
+# --in-process.
+
+
+def compile_options(flags: str) -> Dict[str, Any]:
+  """``--xla_a=true --xla_b=3 --xla_c=NAME`` -> ``{"xla_a": True,
+  "xla_b": 3, "xla_c": "NAME"}``: XLA_FLAGS as jax.jit compile options."""
+  bad = [f for f in flags.split() if not f.startswith("--") or "=" not in f]
+  if bad:
+    raise ValueError(f"flag {bad[0]!r}: expected --xla_name=value")
+  return {k: str(v).lower() == "true" if str(v).lower() in ("true", "false")
+          else v
+          for k, v in bench_lib.parse_overrides(
+              f[2:] for f in flags.split()).items()}
+
+
+def inprocess_config(c: harness.Contestant, common: Dict[str, Any],
+                     own_process: bool = False):
+  """One config as the in-process child takes it (src= and env. only in a
+  process of its own)."""
+  if (c.env or "src" in c.options) and not own_process:
+    raise ValueError(f"--config {c.label!r}: src= and env. need a process of "
+                     f"their own; compare them without --in-process")
+  return {"label": c.label, "compiler_options": compile_options(c.xla_flags),
+          "model_overrides": dict(common, **c.options["model_overrides"]),
+          "donate": c.options.get("donate", True),
+          "input": c.options.get("input", "square")}
+
+
+def summarize(times: Dict[str, List[float]], faults: Dict[str, List[int]],
+              reference: str) -> Dict[str, Dict[str, Any]]:
+  """Per config: median step time over its clean steps, the steps that
+  faulted, the paired ratio (its time / the reference's in the same
+  rotation, both clean) with its range."""
+  out = {}
+  for k in times:
+    clean = [t for t, f in zip(times[k], faults[k]) if f < FAULTED]
+    pairs = [t / r for t, r, f, g in zip(times[k], times[reference],
+                                         faults[k], faults[reference])
+             if f < FAULTED and g < FAULTED]
+    out[k] = {"median_s": statistics.median(clean) if clean else None,
+              "steps": len(times[k]), "faulted": len(times[k]) - len(clean),
+              **({"time_ratio": statistics.median(pairs),
+                  "time_ratio_min": min(pairs), "time_ratio_max": max(pairs)}
+                 if pairs else {"time_ratio": None})}
+  return out
+
+
+def format_inprocess(res: Dict[str, Any], spec: Dict[str, Any]) -> str:
+  ref, mib = spec["configs"][0]["label"], 2 ** 20
+  lines = [f"{spec['name']} {spec['mode']} {spec['dtype']} batch "
+           f"{spec['batch']} {spec['image_size']}px, one process; compiled "
+           f"from shapes (XLA memory analysis, MiB)" + (
+               f", then {spec['steps']} steps each in rotation; medians "
+               f"over steps that faulted < {FAULTED} pages"
+               if spec["steps"] else ""),
+           f"{'config':14s} {'lower s':>8s} {'compile s':>9s} "
+           f"{'peak MiB':>9s} {'temp MiB':>9s}" + (
+               f" {'ms/step':>9s} {'img/s':>8s} {'time / ' + ref:>26s} "
+               f"{'faulted':>8s} {'check':>12s}" if spec["steps"] else "")]
+  for lab, inf in res["info"].items():
+    m = inf["memory"]
+    line = (f"{lab:14s} {inf['lower_s']:8.2f} {inf['compile_s']:9.2f} "
+            f"{m['peak'] / mib:9.0f} {m['temp'] / mib:9.0f}")
+    c = res.get("summary", {}).get(lab)
+    if c:
+      med = c["median_s"] or float("nan")
+      ratio = ("-" if c["time_ratio"] is None else
+               f"{c['time_ratio']:.3f} [{c['time_ratio_min']:.2f}-"
+               f"{c['time_ratio_max']:.2f}]")
+      line += (f" {1e3 * med:9.1f} {spec['batch'] / med:8.2f} {ratio:>26s} "
+               f"{c['faulted']:>4d}/{c['steps']:<3d} {inf['check']:12.6g}")
+    lines.append(line)
+  if spec["steps"]:
+    lines.append("time / ref: the median over rotations of a config's step "
+                 "time over the reference's (below 1: faster)")
+  return "\n".join(lines)
+
+
+def same_graph(spec, cs, common):
+  """Each config lowered in a child of its own (bench/worker.py's
+  ``inprocess``, nothing compiled): the hashes of their StableHLO."""
+  got = {c.label: harness.call("inprocess", dict(
+      spec, lower_only=True, src=c.options.get("src"),
+      configs=[inprocess_config(c, common, True)]), env=c.env)["info"][
+          c.label]["hash"] for c in cs}
+  same = len(set(got.values())) == 1
+  return got, "\n".join([f"{spec['mode']} step, lowered StableHLO:"] + [
+      f"  {k:14s} {h}" for k, h in got.items()] + [
+          "same program" if same else "DIFFERENT programs"])
+
+
 def main(argv=None):
   console.quiet_native_logs()
-  p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+  p = argparse.ArgumentParser(
+      description=__doc__.split("\n\n")[0],
+      formatter_class=argparse.RawDescriptionHelpFormatter)
   p.add_argument("--model", default="vit_b_16")
-  p.add_argument("--mode", choices=("infer", "train"), default="infer")
-  p.add_argument("--dtype", choices=("float32", "bfloat16"), default="float32")
   p.add_argument("--batch", type=int, default=8)
   p.add_argument("--image-size", type=int, default=224)
-  p.add_argument("--rounds", type=int, default=6)
-  p.add_argument("--round-seconds", type=float, default=3.0)
-  p.add_argument("--quiet-load", type=float, default=0.3)
-  p.add_argument("--max-retries", type=int, default=1)
-  p.add_argument("--cpus", type=lambda v: [int(c) for c in v.split(",")],
-                 default=None, metavar="0,1",
-                 help="pin both frameworks to these CPUs (default: all)")
-  p.add_argument("--wait-quiet", type=float, default=0.0, metavar="SECONDS")
   p.add_argument("--config", action="append", required=True)
   p.add_argument("--processes", type=int, default=1, metavar="N",
-                 help="run each config in N child processes and give its "
-                      "spread over them (a slow process is not cancelled "
-                      "by alternating rounds)")
-  machine.add_gemm_args(p)
-  machine.add_isa_arg(p)
-  p.add_argument("--json", action="store_true")
+                 help="run each config in N child processes")
+  p.add_argument("--in-process", action="store_true",
+                 help="every config in one child, stepped in rotation")
+  p.add_argument("--steps", type=int, default=30,
+                 help="--in-process: timed steps of each config (0: compile "
+                      "only)")
+  p.add_argument("--same-graph", action="store_true",
+                 help="compare the configs' lowered programs, nothing run")
+  bench_lib.add_run_args(p, rounds=6, round_s=3.0, retries=1)
   args = p.parse_args(argv)
   isa_line = machine.set_isa(args.isa)
   base = [parse_config(c) for c in args.config]
-  cs = replicate(base, args.processes)
-  workload = harness.Workload(name=args.model, mode=args.mode,
-                              dtype=args.dtype, batch=args.batch,
-                              image_size=args.image_size)
-  res = harness.run(workload, cs, rounds=args.rounds,
-                    round_s=args.round_seconds, reference=cs[0].label,
-                    quiet_load=args.quiet_load, max_retries=args.max_retries,
-                    wait_quiet_s=args.wait_quiet, cpus=args.cpus)
-  res["gemms"] = machine.gemms_for(args, args.model, args.batch,
-                                   args.image_size, dtypes=(args.dtype,))
-  res["isa"], res["isa_line"] = args.isa, isa_line
-  table = format_table(res, cs[0].label, args.rounds).split("\n", 1)
-  print("\n".join([table[0], isa_line] + table[1:]))
-  summary = format_processes(res, [c.label for c in base], args.processes)
-  if summary:
-    print("\n" + summary)
+  common = bench_lib.parse_overrides(args.jax_opt)
+  w = harness.Workload(name=args.model, mode=args.mode, dtype=args.dtype,
+                       batch=args.batch, image_size=args.image_size,
+                       warmup=args.warmup,
+                       layers=int(common.get("num_layers", 0)))
+  if args.same_graph:
+    res, table = same_graph(dict(w.spec(), steps=0), base, common)
+  elif args.in_process:
+    spec = dict(w.spec(), steps=args.steps,
+                configs=[inprocess_config(c, common) for c in base])
+    harness.log(f"[ab] compiling {len(base)} configurations in one child")
+    res = harness.call("inprocess", spec)
+    if args.steps:
+      res["summary"] = summarize(res["times"], res["faults"], base[0].label)
+    table = format_inprocess(res, spec)
+  else:
+    for c in base:
+      c.options["model_overrides"] = dict(common,
+                                          **c.options["model_overrides"])
+      if "input" in c.options:
+        raise ValueError(f"--config {c.label!r}: input= runs --in-process")
+    cs = replicate(base, args.processes)
+    res = harness.run(w, cs, rounds=args.rounds, round_s=args.round_seconds,
+                      reference=cs[0].label, quiet_load=args.quiet_load,
+                      max_retries=args.max_retries,
+                      wait_quiet_s=args.wait_quiet, cpus=args.cpus)
+    res["gemms"] = machine.gemms_for(args, [(args.model, w.batch,
+                                             args.image_size)],
+                                     dtypes=(args.dtype,))
+    table = format_table(res) + ("\n\n" + format_processes(
+        res, [c.label for c in base], args.processes)
+                                 if args.processes > 1 else "")
+  print(machine.describe() + "\n" + isa_line + "\n" + table,
+        file=sys.stderr if args.json else sys.stdout)
   if args.json:
-    print(json.dumps(res))
+    print(json.dumps({k: v for k, v in res.items() if k != "times"}))
   return res
 
 

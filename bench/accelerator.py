@@ -4,36 +4,29 @@ r"""One command that measures an accelerator for training ViTs.
     .venv/bin/python bench/accelerator.py --batch 256 --attention cudnn xla \
         --scan on off --json bench/results/accelerator_h100.json
 
-On the default backend (GPU, TPU; on a CPU it runs tiny sizes and says so):
+On the default backend (GPU, TPU; on a CPU tiny sizes, and it says so):
 
-1. **train step**: the real jitted step of ``train.py``
-   (``vit_jax.train.step.compile_steps``: uint8 batch normalised on the
-   device, forward, loss, backward, optimizer update; the config's optimizer,
-   bfloat16 compute, float32 parameters), data-parallel over every local
-   device, per ``--batch`` (per device) x ``--attention`` x ``--scan``:
-   img/s per device and MFU = img/s x analytic train FLOPs per image
-   (``bench/flops.py``: 3 x forward matmul FLOPs) / the device's peak dense
-   bfloat16 FLOP/s (:data:`PEAK_BF16`; "unknown" where not in the table,
-   e.g. on a CPU).
-2. **input pipeline alone**: ``bench/input_pipeline.py`` on generated JPEGs
-   with every host core.
-3. **train.py end to end** (a subprocess on the generated JPEG folder, the
-   first setting of 1.) against the step alone: the last logged img/s over
-   the step's img/s (the target is >= 0.9).
-4. **logits vs CPU**: float32 logits of the model on the accelerator and on
-   the host CPU, ``jax.default_matmul_precision('highest')``; max |a - b| /
-   max |b| (the target is <= 1e-4).
-5. **against timm** (where torch and timm are installed): timm's model with
-   random, perturbed weights, loaded into ours; float32 logits of ours on the
-   accelerator at JAX's default and at the highest matmul precision, ours on
-   the host CPU, and timm's own on torch's device (CUDA where torch has it),
-   each against timm in float64 on the CPU.
-6. **torch's train step** (where torch has the accelerator): timm's model,
-   bfloat16 autocast, fused AdamW, the same batch per device as the first
-   setting of 1.: img/s and MFU on the same device, beside ours.
+1. **train step**: ``train.py``'s jitted step (``train.step.compile_steps``:
+   uint8 batch normalised on the device, bfloat16 compute, the config's
+   optimizer), data-parallel over the local devices, per ``--batch`` (per
+   device) x ``--attention`` x ``--scan``: img/s per device and MFU (img/s
+   x analytic train FLOPs per image, ``flops.py``, / the device's peak
+   dense bfloat16 FLOP/s, :data:`PEAK_BF16`; "unknown" elsewhere).
+2. **input pipeline alone** (``input_pipeline.py``, generated JPEGs, every
+   host core), where TensorFlow is installed.
+3. **train.py end to end** against the step alone (the first setting of
+   1.): the loop's last logged img/s over the step's (target >= 0.9). With
+   ``--e2e-data synthetic`` (default) on batches made on the devices (no
+   TensorFlow): the loop's own cost; ``folder``: fed by the pipeline.
+4. **logits vs CPU**: float32 logits on the accelerator and the host CPU at
+   the highest matmul precision, max |a - b| / max |b| (target <= 1e-4).
+5. **against timm**: timm's model with random, perturbed weights loaded into
+   ours; float32 logits of ours (accelerator: default and highest
+   precision; CPU) and timm's (CPU, CUDA) against timm's in float64.
+6. **torch's train step** (where torch has CUDA): timm's model, bfloat16
+   autocast, fused AdamW, the first batch of 1., beside ours.
 
-Every number printed names the device and the host CPU. Nothing is
-extrapolated: a part that was not run says so.
+Every number names the device and the host CPU; a part not run says so.
 """
 
 from __future__ import annotations
@@ -57,18 +50,11 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 # Peak dense bfloat16 FLOP/s per device (no sparsity), from the vendors' data
 # sheets. Matched against ``device.device_kind`` in order (first hit wins).
-PEAK_BF16 = (
-    ("H200", 989e12),        # H200 SXM
-    ("H100 PCIe", 756e12),
-    ("H100", 989e12),        # H100 SXM5 (HBM3)
-    ("A100", 312e12),
-    ("TPU v4", 275e12),
-    ("TPU v5 lite", 197e12),  # v5e
-    ("TPU v5e", 197e12),
-    ("TPU v5p", 459e12),
-    ("TPU v5", 459e12),
-    ("TPU v6", 918e12),       # v6e (Trillium)
-)
+PEAK_BF16 = (("H200", 989e12), ("H100 PCIe", 756e12),  # H200 SXM
+             ("H100", 989e12), ("A100", 312e12),  # H100 SXM5 (HBM3)
+             ("TPU v4", 275e12), ("TPU v5 lite", 197e12),  # v5e
+             ("TPU v5e", 197e12), ("TPU v5p", 459e12), ("TPU v5", 459e12),
+             ("TPU v6", 918e12))  # v6e (Trillium)
 # Targets of issue 13 on one H100/H200.
 TARGET_IMG_S = 2900.0
 TARGET_LOGITS_REL = 1e-4
@@ -117,7 +103,6 @@ def step_rate(args, *, batch: int, attention: str, scan: bool) -> dict:
   """img/s of ``train.py``'s jitted train step, ``batch`` per device."""
   import jax  # pylint: disable=import-outside-toplevel
   import numpy as np  # pylint: disable=import-outside-toplevel
-
   from bench import flops  # pylint: disable=import-outside-toplevel
   from vit_jax import models
   from vit_jax.train import (optim, sharding, init as train_init, step as train_step)
@@ -133,28 +118,21 @@ def step_rate(args, *, batch: int, attention: str, scan: bool) -> dict:
   fns = train_step.compile_steps(model, tx, cfg, mesh, abstract, shards,
                                  num_classes, mean=(0.5,) * 3, std=(0.5,) * 3)
   state = fns.init_from_rng(jax.random.key(0))
-  rng = np.random.RandomState(0)
-  g = cfg.batch_size
-  data = sharding.batch_sharding(mesh)
-  batch_arr = {
-      "image": jax.device_put(rng.randint(0, 256, (g, cfg.image_size,
-                                                   cfg.image_size, 3),
-                                          np.uint8), data),
-      "label": jax.device_put(rng.randint(0, num_classes, (g,), np.int32),
-                              data)}
+  rng, g, data = np.random.RandomState(0), cfg.batch_size, (
+      sharding.batch_sharding(mesh))
+  batch_arr = jax.device_put({
+      "image": rng.randint(0, 256, (g, cfg.image_size, cfg.image_size, 3),
+                           np.uint8),
+      "label": rng.randint(0, num_classes, (g,), np.int32)}, data)
   votes = jax.device_put(np.zeros((n_dev,), np.int32), data)
-  t = time.perf_counter()
-  state, _ = fns.train_step(state, batch_arr, votes)
-  jax.block_until_ready(state.step)
-  compile_s = time.perf_counter() - t
-  for _ in range(2):
-    state, _ = fns.train_step(state, batch_arr, votes)
-  jax.block_until_ready(state.step)
-  t = time.perf_counter()
-  for _ in range(args.steps):
-    state, _ = fns.train_step(state, batch_arr, votes)
-  jax.block_until_ready(state.step)
-  wall = time.perf_counter() - t
+  times = []
+  for n in (1, 2, args.steps):  # compile, warm up, time
+    t = time.perf_counter()
+    for _ in range(n):
+      state, _ = fns.train_step(state, batch_arr, votes)
+    jax.block_until_ready(state.step)
+    times.append(time.perf_counter() - t)
+  compile_s, wall = times[0], times[-1]
   per_dev = args.steps * batch / wall
   variant = models.decode_variant(cfg.model_name)
   f_img = flops.step_flops(variant, cfg.image_size, "train", num_classes)
@@ -170,9 +148,7 @@ def logits_vs_cpu(args) -> dict:
   """Relative max difference of float32 logits, accelerator vs host CPU, at
   the highest matmul precision, on a randomly initialised model."""
   import jax  # pylint: disable=import-outside-toplevel
-  import jax.numpy as jnp  # pylint: disable=import-outside-toplevel
   import numpy as np  # pylint: disable=import-outside-toplevel
-
   from vit_jax import models  # pylint: disable=import-outside-toplevel
   model = models.get_model(args.model, num_classes=1000)
   x = np.random.RandomState(1).normal(
@@ -180,16 +156,12 @@ def logits_vs_cpu(args) -> dict:
   cpu = jax.devices("cpu")[0]
   accel = jax.devices()[0]
   with jax.default_matmul_precision("highest"), jax.default_device(cpu):
-    variables = jax.jit(lambda k: model.init(
-        k, jnp.zeros((1, args.image_size, args.image_size, 3)),
-        train=False))(jax.random.key(0))
     # Every parameter matters: perturb them (the zero head would make
     # the logits trivially equal).
-    leaves, tree = jax.tree_util.tree_flatten(variables)
     r = np.random.RandomState(2)
-    leaves = [np.asarray(v) + 0.02 * r.normal(size=v.shape).astype(v.dtype)
-              for v in leaves]
-    variables = jax.tree_util.tree_unflatten(tree, leaves)
+    variables = jax.tree_util.tree_map(
+        lambda v: np.asarray(v) + 0.02 * r.normal(size=v.shape).astype(
+            v.dtype), models.init_params(model, args.image_size))
     out = {}
     for name, dev in (("cpu", cpu), ("accelerator", accel)):
       v = jax.device_put(variables, dev)
@@ -224,7 +196,6 @@ def timm_parity(args) -> dict:
   import jax  # pylint: disable=import-outside-toplevel
   import numpy as np  # pylint: disable=import-outside-toplevel
   import torch  # pylint: disable=import-outside-toplevel
-
   from vit_jax.weights import build  # pylint: disable=import-outside-toplevel
   m = _timm_model(args)
   sd = {k: v.detach().numpy() for k, v in m.state_dict().items()}
@@ -239,12 +210,9 @@ def timm_parity(args) -> dict:
     ref = m.double()(x_t.double()).numpy()
     m.float()
     out = {"timm float32, CPU": m(x_t).numpy()}
-    t_dev = "cuda" if torch.cuda.is_available() else None
-    if t_dev:
-      m.to(t_dev)
+    if torch.cuda.is_available():
       out[f"timm float32, {torch.cuda.get_device_name()} (torch defaults)"] = (
-          m(x_t.to(t_dev)).cpu().numpy())
-      m.cpu()
+          m.to("cuda")(x_t.to("cuda")).cpu().numpy())
 
   def ours(dev, precision):
     v = jax.device_put(variables, dev)
@@ -253,11 +221,9 @@ def timm_parity(args) -> dict:
       return np.asarray(fn(v, jax.device_put(x, dev)))
   cpu, accel = jax.devices("cpu")[0], jax.devices()[0]
   out[f"ours float32, {cpu.device_kind} (CPU)"] = ours(cpu, None)
-  if accel.platform != "cpu":
-    out[f"ours float32, {accel.device_kind}, default precision"] = ours(
-        accel, None)
-    out[f"ours float32, {accel.device_kind}, highest precision"] = ours(
-        accel, "highest")
+  for p in ((None, "highest") if accel.platform != "cpu" else ()):
+    out[f"ours float32, {accel.device_kind}, {p or 'default'} precision"] = (
+        ours(accel, p))
   scale = np.max(np.abs(ref))
   return {"timm": TIMM_NAMES[args.model], "depth": args.timm_depth or "all",
           "rel_max_diff": {k: float(np.max(np.abs(v - ref)) / scale)
@@ -268,7 +234,6 @@ def torch_step_rate(args, batch: int) -> dict:
   """img/s of timm's train step on torch's CUDA device (else the CPU):
   bfloat16 autocast, fused AdamW, a float batch already on the device."""
   import torch  # pylint: disable=import-outside-toplevel
-
   from bench import flops  # pylint: disable=import-outside-toplevel
   from vit_jax import models  # pylint: disable=import-outside-toplevel
   dev = "cuda" if torch.cuda.is_available() else "cpu"
@@ -286,13 +251,11 @@ def torch_step_rate(args, batch: int) -> dict:
     loss.backward()
     opt.step()
     opt.zero_grad(set_to_none=True)
-  for _ in range(3):
-    step()
-  sync()
-  t = time.perf_counter()
-  for _ in range(args.steps):
-    step()
-  sync()
+  for n in (3, args.steps):  # warm up, time
+    t = time.perf_counter()
+    for _ in range(n):
+      step()
+    sync()
   wall = time.perf_counter() - t
   per_dev = args.steps * batch / wall
   f_img = flops.step_flops(models.decode_variant(args.model), args.image_size,
@@ -303,41 +266,38 @@ def torch_step_rate(args, batch: int) -> dict:
           "mfu": None if peak is None else per_dev * f_img / peak}
 
 
-def _torch_cuda() -> bool:
-  try:
-    import timm  # noqa: F401  pylint: disable=import-outside-toplevel,unused-import
-    import torch  # pylint: disable=import-outside-toplevel
-  except ImportError:
-    return False
-  return torch.cuda.is_available()
+def has(*modules) -> bool:
+  import importlib.util  # pylint: disable=import-outside-toplevel
+  return all(importlib.util.find_spec(m) is not None for m in modules)
 
 
-def end_to_end(args, folder: str, step_img_s: float, attention, scan,
-               batch: int) -> dict:
-  """train.py on the JPEG folder, the first setting: its last logged img/s
-  against the step alone's (per step: all devices)."""
+def has_tensorflow() -> bool:
+  return has("tensorflow")
+
+
+def end_to_end(args, folder: str, first: dict) -> dict:
+  """train.py on ``--e2e-data`` (synthetic batches, or the JPEG folder),
+  the ``first`` setting of part 1: its last logged img/s against the step
+  alone's."""
   import jax  # pylint: disable=import-outside-toplevel
-  n_dev = jax.local_device_count()
-  work = tempfile.mkdtemp(prefix="vit_jax_e2e_")
-  steps, log = args.e2e_steps, max(1, args.e2e_steps // 3)
+  n_dev, work = jax.local_device_count(), tempfile.mkdtemp(prefix="vit_e2e_")
+  steps, batch = args.e2e_steps, first["batch_per_device"] * n_dev
+  data = "synthetic" if args.e2e_data == "synthetic" else f"folder:{folder}"
   cmd = [sys.executable, os.path.join(REPO, "train.py"),
-         f"--config={REPO}/configs/b16.py:scratch", f"--workdir={work}",
-         f"--config.dataset=folder:{folder}",
-         f"--config.model_name={args.model}",
-         f"--config.image_size={args.image_size}",
-         f"--config.model.dtype={args.dtype}",
-         f"--config.model.scan_layers={bool(scan)}",
-         "--config.model.drop_path_rate=0.0",
-         f"--config.batch_size={batch * n_dev}",
-         f"--config.eval_batch_size={batch * n_dev}",
-         f"--config.total_steps={steps}", f"--config.log_every={log}",
-         f"--config.eval_every={10 * steps}",
-         f"--config.checkpoint_every={10 * steps}",
-         "--config.pp.mixup_alpha=0.0", "--config.pp.randaugment_layers=0",
-         "--config.warmup_steps=1", "--config.write_plots=False",
-         "--config.tensorboard=False", "--config.async_checkpointing=False"]
-  if attention is not None:
-    cmd.append(f"--config.model.attention_impl={attention}")
+         f"--config={REPO}/configs/b16.py:scratch", f"--workdir={work}"] + [
+             f"--config.{k}={v}" for k, v in dict(
+                 dataset=data, model_name=args.model,
+                 image_size=args.image_size, batch_size=batch,
+                 eval_batch_size=batch, total_steps=steps,
+                 log_every=max(1, steps // 3), eval_every=10 * steps,
+                 checkpoint_every=10 * steps, warmup_steps=1,
+                 write_plots=False, tensorboard=False,
+                 async_checkpointing=False, **{
+                     "model.dtype": args.dtype, "model.drop_path_rate": 0.0,
+                     "model.scan_layers": bool(first["scan"]),
+                     "pp.mixup_alpha": 0.0, "pp.randaugment_layers": 0},
+                 **({"model.attention_impl": first["attention"]}
+                    if first["attention"] is not None else {})).items()]
   try:
     t = time.perf_counter()
     p = subprocess.run(cmd, capture_output=True, text=True, cwd=REPO,
@@ -350,10 +310,10 @@ def end_to_end(args, folder: str, step_img_s: float, attention, scan,
     rates = [r["img_per_sec"] for r in rows if "img_per_sec" in r]
   finally:
     shutil.rmtree(work, ignore_errors=True)
-  e2e = rates[-1] / n_dev
+  e2e, step_img_s = rates[-1] / n_dev, first["img_per_s_per_device"]
   return {"img_per_s_per_device": e2e, "step_img_per_s_per_device": step_img_s,
           "ratio": e2e / step_img_s, "wall_s": wall, "steps": steps,
-          "logged_rates": rates}
+          "data": args.e2e_data, "logged_rates": rates}
 
 
 def main(argv=None):
@@ -369,16 +329,19 @@ def main(argv=None):
                       "on CPU); 'auto' = the backend's choice")
   p.add_argument("--scan", nargs="+", choices=("on", "off"),
                  default=["off", "on"])
-  p.add_argument("--steps", type=int, help="timed steps per setting")
-  p.add_argument("--e2e-steps", type=int)
-  p.add_argument("--images", type=int, help="JPEGs generated")
+  for flag, what in (("--steps", "timed steps per setting"),
+                    ("--e2e-steps", "train.py's steps in part 3"),
+                    ("--images", "JPEGs generated"),
+                    ("--timm-depth", "blocks of timm's model in part 5 (0: "
+                     "all; default all, 2 on CPU)")):
+    p.add_argument(flag, type=int, help=what)
+  p.add_argument("--e2e-data", choices=("synthetic", "folder"),
+                 default="synthetic", help="part 3: batches made on the "
+                 "devices, or the JPEGs through the pipeline (TensorFlow)")
   p.add_argument("--jpeg-size", type=int, nargs=2, metavar=("H", "W"))
   p.add_argument("--skip", nargs="*", default=[],
                  choices=("step", "pipeline", "e2e", "logits", "timm",
                           "torch"))
-  p.add_argument("--timm-depth", type=int,
-                 help="blocks of timm's model in part 5 (0: all; default "
-                      "all, 2 on CPU)")
   p.add_argument("--json", help="also write the results here")
   args = p.parse_args(argv)
   if "timm" not in args.skip or "torch" not in args.skip:
@@ -393,6 +356,7 @@ def main(argv=None):
   import jax  # pylint: disable=import-outside-toplevel
 
   from bench import input_pipeline as ip_bench  # pylint: disable=import-outside-toplevel
+  from bench import machine  # pylint: disable=import-outside-toplevel
   backend = jax.default_backend()
   defaults = CPU_DEFAULTS if backend == "cpu" else ACCEL_DEFAULTS
   for k, v in defaults.items():
@@ -401,7 +365,8 @@ def main(argv=None):
   attention = [None if a == "auto" else a for a in args.attention]
   dev = jax.devices()[0]
   res = {"backend": backend, "device": dev.device_kind,
-         "devices": jax.local_device_count(), "host_cpu": ip_bench.describe_cpu(),
+         "devices": jax.local_device_count(),
+         "host_cpu": machine.describe().replace("CPU: ", "", 1),
          "jax": jax.__version__, "model": args.model,
          "image_size": args.image_size, "dtype": args.dtype,
          "peak_bf16_flops": peak_flops(dev.device_kind)}
@@ -417,63 +382,62 @@ def main(argv=None):
           f"the config's AdamW; per device)")
     print(f"{'batch':>6s} {'attention':>9s} {'scan':>5s} {'img/s/dev':>10s} "
           f"{'step ms':>8s} {'MFU':>6s} {'compile s':>9s}")
-    for b in args.batch:
-      for a in attention:
-        for s in args.scan:
-          try:
-            r = step_rate(args, batch=b, attention=a, scan=s == "on")
-          except Exception as e:  # pylint: disable=broad-except
-            r = {"batch_per_device": b, "attention": a, "scan": s == "on",
-                 "error": f"{type(e).__name__}: {str(e)[:300]}"}
-            print(f"{b:6d} {str(a):>9s} {s:>5s}  failed: {r['error']}")
-            steps.append(r)
-            continue
-          steps.append(r)
-          mfu = "unknown" if r["mfu"] is None else f"{100 * r['mfu']:.1f}%"
-          print(f"{b:6d} {str(a):>9s} {s:>5s} {r['img_per_s_per_device']:10.1f}"
-                f" {1e3 * r['step_s']:8.1f} {mfu:>6s} {r['compile_s']:9.1f}",
-                flush=True)
-    ok = [r for r in steps if "error" not in r]
-    if ok:
-      best = max(ok, key=lambda r: r["img_per_s_per_device"])
-      res["best_step"] = best
-      if backend != "cpu" and args.model == "vit_b_16" and args.dtype == "bfloat16":
-        print(f"Best {best['img_per_s_per_device']:.0f} img/s per device; "
-              f"target >= {TARGET_IMG_S:.0f} on one H100/H200: "
-              f"{'met' if best['img_per_s_per_device'] >= TARGET_IMG_S else 'NOT met'}.")
+    for b, a, s in ((b, a, s) for b in args.batch for a in attention
+                    for s in args.scan):
+      try:
+        r = step_rate(args, batch=b, attention=a, scan=s == "on")
+        mfu = "unknown" if r["mfu"] is None else f"{100 * r['mfu']:.1f}%"
+        print(f"{b:6d} {str(a):>9s} {s:>5s} {r['img_per_s_per_device']:10.1f}"
+              f" {1e3 * r['step_s']:8.1f} {mfu:>6s} {r['compile_s']:9.1f}",
+              flush=True)
+      except Exception as e:  # pylint: disable=broad-except
+        r = {"batch_per_device": b, "attention": a, "scan": s == "on",
+             "error": f"{type(e).__name__}: {str(e)[:300]}"}
+        print(f"{b:6d} {str(a):>9s} {s:>5s}  failed: {r['error']}")
+      steps.append(r)
+  ok = [r for r in steps if "error" not in r]
+  if ok:
+    best = res["best_step"] = max(ok, key=lambda r: r["img_per_s_per_device"])
+    if backend != "cpu" and (args.model, args.dtype) == ("vit_b_16",
+                                                          "bfloat16"):
+      print(f"Best {best['img_per_s_per_device']:.0f} img/s per device; "
+            f"target >= {TARGET_IMG_S:.0f} on one H100/H200: "
+            f"{'met' if best['img_per_s_per_device'] >= TARGET_IMG_S else 'NOT met'}.")
   res["train_step"] = steps
 
   folder = tempfile.mkdtemp(prefix="vit_jax_accel_jpegs_")
+  tf = has_tensorflow()
   try:
-    need_jpegs = "pipeline" not in args.skip or "e2e" not in args.skip
-    if need_jpegs:
-      h, w = args.jpeg_size
-      ip_bench.write_jpegs(folder, args.images, h, w)
-    if "pipeline" not in args.skip:
+    pipeline = "pipeline" not in args.skip
+    if not tf and pipeline:
+      print("\n2. input pipeline alone: not run (no TensorFlow here)")
+    if tf and (pipeline or args.e2e_data == "folder"):
+      ip_bench.write_jpegs(folder, args.images, *args.jpeg_size)
+    if tf and pipeline:
       cores = len(os.sched_getaffinity(0))
       cfg = ip_bench.pipeline_config(folder, image_size=args.image_size)
       r = ip_bench.measure(cfg, cores=cores, batch=max(args.batch),
                            batches=max(2, min(20, args.images //
                                               max(args.batch))))
       res["input_pipeline"] = dict(r, cores=cores)
-      print(f"\n2. input pipeline alone ({h}x{w} JPEGs -> {args.image_size}px, "
-            f"Inception crop + flip, uint8): {r['img_per_s']:.0f} img/s on "
-            f"{cores} host cores ({r['img_per_s'] / cores:.0f} img/s/core)")
-    ok = [r for r in steps if "error" not in r]
-    if "e2e" not in args.skip and ok:
+      print(f"\n2. input pipeline alone ({args.jpeg_size[0]}x"
+            f"{args.jpeg_size[1]} JPEGs -> {args.image_size}px, Inception crop "
+            f"+ flip, uint8): {r['img_per_s']:.0f} img/s on {cores} host "
+            f"cores ({r['img_per_s'] / cores:.0f} img/s/core)")
+    if "e2e" not in args.skip and args.e2e_data == "folder" and not tf:
+      print("\n3. train.py end to end on the JPEG folder: not run (no "
+            "TensorFlow here; --e2e-data synthetic needs none)")
+    elif "e2e" not in args.skip and ok:
       first = ok[0]
-      r = end_to_end(args, folder, first["img_per_s_per_device"],
-                     first["attention"], first["scan"],
-                     first["batch_per_device"])
-      res["end_to_end"] = r
+      r = res["end_to_end"] = end_to_end(args, folder, first)
       if "error" in r:
         print(f"\n3. train.py end to end failed:\n{r['error']}")
       else:
-        print(f"\n3. train.py end to end (batch {first['batch_per_device']}"
-              f"/device, attention {first['attention']}, scan "
-              f"{first['scan']}, {r['steps']} steps): "
-              f"{r['img_per_s_per_device']:.1f} img/s per device vs the step "
-              f"alone {r['step_img_per_s_per_device']:.1f}: ratio "
+        print(f"\n3. train.py end to end ({args.e2e_data} data, batch "
+              f"{first['batch_per_device']}/device, attention "
+              f"{first['attention']}, scan {first['scan']}, {r['steps']} "
+              f"steps): {r['img_per_s_per_device']:.1f} img/s per device vs "
+              f"the step alone {r['step_img_per_s_per_device']:.1f}: ratio "
               f"{r['ratio']:.2f} (target >= {TARGET_E2E_RATIO})")
   finally:
     shutil.rmtree(folder, ignore_errors=True)
@@ -486,23 +450,18 @@ def main(argv=None):
     print(f"\n4. float32 logits at highest matmul precision, {what}: "
           f"relative max difference {r['rel_max_diff']:.2e} (target <= "
           f"{TARGET_LOGITS_REL:.0e})")
-  if "timm" not in args.skip:
-    try:
-      import timm  # noqa: F401  pylint: disable=import-outside-toplevel,unused-import
-      import torch  # noqa: F401  pylint: disable=import-outside-toplevel,unused-import
-    except ImportError as e:
-      print(f"\n5. against timm: not run ({e})")
-    else:
-      r = timm_parity(args)
-      res["timm_parity"] = r
-      print(f"\n5. {r['timm']} ({r['depth']} blocks, random perturbed "
-            f"weights): float32 logits against timm's in float64 on the CPU, "
-            f"relative max difference")
-      for k, v in r["rel_max_diff"].items():
-        print(f"   {v:9.2e}  {k}")
+  if "timm" not in args.skip and not has("timm", "torch"):
+    print("\n5. against timm: not run (no timm and torch here)")
+  elif "timm" not in args.skip:
+    r = timm_parity(args)
+    res["timm_parity"] = r
+    print(f"\n5. {r['timm']} ({r['depth']} blocks, random perturbed "
+          f"weights): float32 logits against timm's in float64 on the CPU, "
+          f"relative max difference")
+    for k, v in r["rel_max_diff"].items():
+      print(f"   {v:9.2e}  {k}")
   if "torch" not in args.skip and "step" not in args.skip:
-    ok = [r for r in steps if "error" not in r]
-    if not _torch_cuda():
+    if not (has("timm", "torch") and __import__("torch").cuda.is_available()):
       print("\n6. torch's train step: not run (no torch with CUDA and timm "
             "here)")
     elif ok:

@@ -1,28 +1,23 @@
-"""Benchmark: our JAX ViT against torchvision's, side by side in one run.
+"""Throughput of our JAX ViT against its peers, side by side in one run.
 
-    .venv/bin/python bench/bench.py --model vit_b_16 --mode infer --batch 8
-    .venv/bin/python bench/bench.py --model vit_ti_16 --mode train --batch 16
-    .venv/bin/python bench/bench.py --model vit_b_16 --dtype bfloat16 --json
+    python bench/bench.py --model vit_b_16 --mode infer --batch 8
+    python bench/bench.py --model vit_ti_16 --mode train --batch 16 --dtype bfloat16 --json
+    python bench/bench.py --model vit_small_patch16_dinov3 eva02_tiny_patch14_224
+    python bench/bench.py --model vit_b_16 --batch 1 8 --peer stablehlo \\
+        --peer savedmodel --peer onnxruntime --peer torch
+    python bench/bench.py --model vit_b_16 --batch 4 --image-size 224 384 512
 
-Both models get the same weights (torchvision's init, converted with
-``vit_jax.convert.from_torchvision``) and the same inputs; the table's
-``check`` line is the largest logits (or first-step loss) difference.
-
-Each framework runs in its own long-lived child process (torch's OpenMP pool
-and XLA's threads slow each other down badly when they share one); rounds
-alternate between them (A B, B A, ...), and the headline ratio is the median
-of the per-round paired ratios jax/torch, with their min-max as the spread.
-
-What is timed:
-  infer  ``jit(model.apply)`` vs ``model.eval()`` under ``torch.inference_mode``.
-  train  forward + softmax cross-entropy + backward + AdamW update: one
-         ``jax.jit`` step (state donated) vs torch eager
-         (``zero_grad / loss.backward() / opt.step()``, default AdamW).
-  bfloat16: JAX computes in bf16 with float32 parameters
-         (``dtype=bfloat16``); torch runs under ``torch.autocast('cpu',
-         dtype=torch.bfloat16)``.
-Both use every core by default (torch: ``torch.get_num_threads()``; XLA: its
-own pool, one thread per core).
+``--model``: our variant (the peer: torchvision's model) or a timm name
+(timm's model; ours loads its weights with ``formats.from_timm``). Peers
+(``--peer``, repeatable): ``torch`` (eager; the default), ``torch.compile``,
+``stablehlo`` / ``savedmodel`` / ``onnxruntime`` (our model exported by
+``python -m vit_jax.export``, run by jax.export / TensorFlow / onnxruntime;
+inference, float32), ``none``. Every side gets the same weights and inputs.
+infer: ``jit(model.apply)`` vs ``model.eval()`` under inference_mode; train:
+forward + cross-entropy + backward + AdamW, one jitted step (state donated)
+vs torch eager; bfloat16: JAX in bf16 with float32 parameters, torch under
+``torch.autocast``. Several values of ``--model``, ``--batch`` or
+``--image-size`` make a sweep: one comparison per point, then one table.
 """
 
 from __future__ import annotations
@@ -30,7 +25,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import statistics
 import sys
 
 if __package__ in (None, ""):  # `python bench/bench.py`
@@ -41,8 +35,11 @@ from bench import harness  # noqa: E402
 from bench import machine  # noqa: E402
 from vit_jax.data import console  # noqa: E402
 
+RUNTIMES = ("stablehlo", "savedmodel", "onnxruntime")
+PEERS = ("torch", "torch.compile") + RUNTIMES + ("none",)
 
-def _parse_overrides(items):
+
+def parse_overrides(items):
   out = {}
   for item in items or ():
     k, _, v = item.partition("=")
@@ -53,189 +50,192 @@ def _parse_overrides(items):
   return out
 
 
+def add_run_args(p: argparse.ArgumentParser, rounds=5, round_s=4.0,
+                 retries=2):
+  """The options of an alternating run (bench.py, ab.py)."""
+  p.add_argument("--mode", choices=("infer", "train"), default="infer")
+  p.add_argument("--dtype", choices=("float32", "bfloat16"), default="float32")
+  p.add_argument("--rounds", type=int, default=rounds)
+  p.add_argument("--round-seconds", type=float, default=round_s,
+                 help="about the time of one side's turn in a round")
+  p.add_argument("--quiet-load", type=float, default=0.3,
+                 help="repeat a turn while others used more cores than this")
+  p.add_argument("--max-retries", type=int, default=retries)
+  p.add_argument("--cpus", type=lambda v: [int(c) for c in v.split(",")],
+                 metavar="0,1", help="pin every side to these CPUs")
+  p.add_argument("--wait-quiet", type=float, default=0.0, metavar="SECONDS",
+                 help="first wait up to this long for --quiet-load")
+  p.add_argument("--warmup", type=int, default=2,
+                 help="untimed steps after the first (compiling) one")
+  p.add_argument("--jax-opt", action="append", metavar="FIELD=VALUE",
+                 help="model override of the JAX side (repeatable)")
+  machine.add_gemm_args(p)
+  machine.add_isa_arg(p)
+  p.add_argument("--json", action="store_true",
+                 help="print JSON (the table goes to stderr)")
+
+
 def build_parser() -> argparse.ArgumentParser:
   p = argparse.ArgumentParser(
       description=__doc__.split("\n\n")[0],
       formatter_class=argparse.RawDescriptionHelpFormatter)
-  p.add_argument("--model", default="vit_b_16",
-                 help="variant, e.g. vit_ti_16, vit_s_16, vit_b_16, vit_l_16")
-  p.add_argument("--mode", choices=("infer", "train"), default="infer")
-  p.add_argument("--dtype", choices=("float32", "bfloat16"), default="float32")
-  p.add_argument("--batch", type=int, default=8)
-  p.add_argument("--image-size", type=int, default=224)
-  p.add_argument("--rounds", type=int, default=5,
-                 help="alternating rounds (each framework once per round)")
-  p.add_argument("--round-seconds", type=float, default=4.0,
-                 help="approximate time of one framework's turn in a round")
-  p.add_argument("--quiet-load", type=float, default=0.3,
-                 help="repeat a turn (up to --max-retries) if other processes "
-                      "used more than this many cores meanwhile")
-  p.add_argument("--max-retries", type=int, default=2)
-  p.add_argument("--cpus", type=lambda v: [int(c) for c in v.split(",")],
-                 default=None, metavar="0,1",
-                 help="pin both frameworks to these CPUs (default: all)")
-  p.add_argument("--wait-quiet", type=float, default=0.0, metavar="SECONDS",
-                 help="on a shared machine: before each turn, wait up to this "
-                      "long for other processes to use < --quiet-load cores")
-  p.add_argument("--warmup", type=int, default=2,
-                 help="untimed steps after the first (compiling) one")
-  p.add_argument("--jax-opt", action="append", metavar="FIELD=VALUE",
-                 help="model override for the JAX side, e.g. "
-                      "scan_layers=true, remat_policy=dots (repeatable)")
-  p.add_argument("--xla-flags", default="",
-                 help="extra XLA_FLAGS for the JAX side (none is needed: "
-                      "see bench/README.md for the flags measured)")
-  p.add_argument("--no-donate", action="store_true",
-                 help="train: don't donate the train state to the step")
-  p.add_argument("--torch-threads", type=int, default=0,
-                 help="torch.set_num_threads (default: torch's own choice)")
+  p.add_argument("--model", nargs="+", default=["vit_b_16"],
+                 help="our variants (vit_ti_16, vit_b_16, ...) or timm names")
+  p.add_argument("--batch", type=int, nargs="+", default=[8])
+  p.add_argument("--image-size", type=int, nargs="+", default=[224])
+  p.add_argument("--layers", type=int, default=0,
+                 help="blocks of every side's model (default: the model's)")
+  p.add_argument("--peer", action="append", choices=PEERS,
+                 help="repeatable; default torch")
   p.add_argument("--torch-compile", action="store_true",
-                 help="add a torch.compile contestant (extra column)")
-  p.add_argument("--no-torch", action="store_true",
-                 help="time the JAX side only")
-  machine.add_gemm_args(p)
-  machine.add_isa_arg(p)
-  p.add_argument("--json", action="store_true",
-                 help="print one JSON object (the table goes to stderr)")
+                 help="add the peer torch.compile")
+  add_run_args(p)
   return p
 
 
-def contestants_from_args(args) -> list:
-  jax_opts = _parse_overrides(args.jax_opt)
-  flags = args.xla_flags
-  out = [harness.Contestant(
-      "jax", "jax",
-      options={"model_overrides": jax_opts, "donate": not args.no_donate},
-      xla_flags=flags)]
-  if not args.no_torch:
-    out.append(harness.Contestant(
-        "torch", "torch", options={"threads": args.torch_threads}))
-    if args.torch_compile:
+def is_timm(name: str) -> bool:
+  from vit_jax import models  # pylint: disable=import-outside-toplevel
+  try:
+    models.decode_variant(name)
+    return False
+  except ValueError:
+    return True
+
+
+def contestants(args, timm: bool) -> list:
+  peers = list(dict.fromkeys((args.peer or ["torch"]) + (
+      ["torch.compile"] if args.torch_compile else [])))
+  if set(peers) & set(RUNTIMES) and (args.mode, args.dtype) != ("infer",
+                                                                "float32"):
+    raise SystemExit(f"--peer {'/'.join(RUNTIMES)}: exported models are "
+                     "timed in inference, float32")
+  out = [harness.Contestant("jax", "jax", options={
+      "model_overrides": parse_overrides(args.jax_opt)})]
+  for p in peers:
+    if p in ("torch", "torch.compile"):
       out.append(harness.Contestant(
-          "torch.compile", "torch",
-          options={"threads": args.torch_threads, "torch_compile": True}))
+          p if p != "torch" else "timm" if timm else "torch", "torch",
+          options={"torch_compile": p != "torch"}))
+    elif p != "none":
+      out.append(harness.Contestant(p, p, env={"TF_CPP_MIN_LOG_LEVEL": "2"}))
   return out
 
 
-def summarise(res, workload: harness.Workload, gemms=None) -> dict:
-  """The flat JSON record (headline numbers first); ``gemms``: the
-  machine's GEMM rates from the same run (:mod:`bench.machine`)."""
-  from vit_jax import models  # pylint: disable=import-outside-toplevel
-  variant = models.decode_variant(workload.name)
-  gflop = flops_lib.step_flops(variant, workload.image_size, workload.mode,
-                               workload.num_classes) / 1e9
+def _fmt(v, spec: str) -> str:
+  return "-" if v is None else spec.format(v)
+
+
+def rows(res, gflop=None, best=None) -> list:
+  """The lines of a run's table (bench.py, ab.py): one per contestant, and
+  what the columns mean."""
+  ref, batch = res["reference"], res["workload"]["batch"]
+  out = [f"{'':15s} {'img/s':>8s} {'min-max':>15s} {'ms/step':>8s} "
+         f"{'GFLOP/s':>8s} {'% GEMM':>6s} {'vs ' + ref:>20s} "
+         f"{'cpu ratio':>9s} {'compile':>7s} {'cpu use':>7s} {'others':>6s} "
+         f"{'max|diff|':>9s}"]
+  for lab, c in res["contestants"].items():
+    ips, r = c["img_per_sec"], c["ratio_vs_reference"]
+    rate = gflop * ips["median"] if gflop else None
+    out.append(
+        f"{lab:15s} {ips['median']:8.2f} {ips['min']:7.2f}-{ips['max']:<7.2f} "
+        f"{1000 * batch / ips['median']:8.1f} {_fmt(rate, '{:.1f}'):>8s} "
+        f"{machine.percent_of(rate, best) if rate else '-':>6s} "
+        f"{r['median']:8.3f}x [{r['min']:.2f}-{r['max']:.2f}] "
+        f"{c['cpu_ratio_vs_reference']['median']:8.3f}x "
+        f"{_fmt(c.get('compile_s'), '{:.1f}s'):>7s} "
+        f"{c['cpu_use']['median']:7.2f} {c['other_load']['median']:6.2f} "
+        f"{_fmt(c.get('check_max_abs_diff'), '{:.1e}'):>9s}")
+  return out + [
+      f"vs {ref}: median of per-round paired img/s ratios; cpu ratio: "
+      f"{ref}'s CPU-seconds per image over this one's (a load-robust "
+      f"cross-check); cpu use in cores (well under "
+      f"{res['cpu_count']}: starved); others: cores other processes used"]
+
+
+def summarise(res, w: harness.Workload, gemms=None) -> dict:
+  """The flat JSON record of one point (``ratio``: JAX / the first peer)."""
   c = res["contestants"]
-  jx = c["jax"]
-  rec = {"model": workload.name, "mode": workload.mode,
-         "dtype": workload.dtype, "batch": workload.batch,
-         "image_size": workload.image_size,
-         "jax_img_per_sec": jx["img_per_sec"]["median"]}
-  if "torch" in c:
-    rec["torch_img_per_sec"] = c["torch"]["img_per_sec"]["median"]
-    rec["ratio"] = jx["ratio_vs_reference"]["median"]
-    rec["ratio_min"] = jx["ratio_vs_reference"]["min"]
-    rec["ratio_max"] = jx["ratio_vs_reference"]["max"]
-    rec["check_max_abs_diff"] = jx.get("check_max_abs_diff")
-    rec["cpu_time_ratio"] = jx["cpu_ratio_vs_reference"]["median"]
-  if "torch.compile" in c:
-    rec["torch_compile_img_per_sec"] = c["torch.compile"]["img_per_sec"][
-        "median"]
-    rec["ratio_vs_torch_compile"] = statistics.median(
-        row["jax"]["img_per_sec"] / row["torch.compile"]["img_per_sec"]
-        for row in res["rounds"])
-  rec["gflop_per_image"] = gflop
-  best = machine.roofline(gemms, workload.dtype)
+  rec = {"model": w.name, "mode": w.mode, "dtype": w.dtype, "batch": w.batch,
+         "image_size": w.image_size}
+  fb = None if w.timm else flops_lib.vit_forward_flops(
+      image_size=w.image_size, **vars(w.variant()))
+  rec.update(gflop_per_image=fb and fb.total * (3 if w.mode == "train" else 1)
+             / 1e9, tokens=fb and fb.tokens,
+             attention_fraction=fb and fb.attention_fraction)
+  best = machine.roofline(gemms, w.dtype)
   rec["gemm_peak_gflops"] = best["gflops"] if best else None
-  for lab, cont in c.items():
-    if best:
-      rec[f"{lab.replace('.', '_')}_pct_of_gemm_peak"] = (
-          100.0 * gflop * cont["img_per_sec"]["median"] / best["gflops"])
-  rec["jax_compile_s"] = jx["compile_s"]
-  rec["rounds"] = len(res["rounds"])
-  rec["cpu_count"] = res["cpu_count"]
-  rec["load_avg_1m"] = res["load_avg_1m"]
-  rec["machine"] = res["machine"]
-  rec["gemms"] = gemms
-  rec["details"] = res
+  for i, (lab, cont) in enumerate(c.items()):
+    key = lab.replace(".", "_")
+    ips = rec[f"{key}_img_per_sec"] = cont["img_per_sec"]["median"]
+    if best and fb:
+      rec[f"{key}_pct_of_gemm_peak"] = (100.0 * rec["gflop_per_image"] * ips /
+                                        best["gflops"])
+    if lab != "jax":
+      ratio = harness.summary([r["jax"]["img_per_sec"] / r[lab]["img_per_sec"]
+                               for r in res["rounds"]])
+      rec[f"ratio_vs_{key}"] = ratio["median"]
+    if i == 1:  # the first peer: the headline
+      rec.update(ratio=ratio["median"], ratio_min=ratio["min"],
+                 ratio_max=ratio["max"], peer=lab,
+                 check_max_abs_diff=cont.get("check_max_abs_diff"),
+                 cpu_time_ratio=1 / cont["cpu_ratio_vs_reference"]["median"])
+  rec.update(jax_compile_s=c["jax"]["compile_s"], rounds=len(res["rounds"]),
+             cpu_count=res["cpu_count"], load_avg_1m=res["load_avg_1m"],
+             machine=res["machine"], gemms=gemms, details=res)
   return rec
 
 
 def format_table(rec: dict) -> str:
-  res = rec["details"]
-  gflop = rec["gflop_per_image"]
-  w = res["workload"]
-  best = machine.roofline(rec.get("gemms"), w["dtype"])
-  isa = (rec.get("machine") or {}).get("isa", {})
-  no_bf16 = w["dtype"] == "bfloat16" and not (
-      isa.get("AVX512-BF16") or isa.get("AMX-BF16"))
-  lines = [
-      machine.describe(rec["machine"]),
-      rec.get("isa_line", ""),
-      ("bfloat16 on a CPU without bf16 arithmetic: vit_jax runs the dense "
-       "layers' GEMMs in float32 here (kernels.choose_dense: 'f32_cpu'); "
-       "float32 is the faster choice on this CPU." if no_bf16 else
-       "bfloat16 emulated AVX2: vit_jax picks its bf16 GEMMs from this "
-       "CPU's real AVX512-BF16 (kernels.choose_dense), which the capped "
-       "GEMM libraries then run without, so bf16 numbers here are not an "
-       "AVX2 CPU's." if w["dtype"] == "bfloat16" and
-       rec.get("isa") == "avx2" and isa.get("AVX512-BF16") else ""),
-      f"{w['name']}  {w['mode']}  {w['dtype']}  batch {w['batch']}  "
-      f"{w['image_size']}x{w['image_size']}  |  {rec['rounds']} alternating "
-      f"rounds, {res['cpu_count']} CPUs, load avg {res['load_avg_1m']:.1f}  "
-      f"|  {gflop:.1f} GFLOP/image (analytic"
-      f"{', train = 3x forward' if w['mode'] == 'train' else ''})",
-      "",
-      f"{'':15s} {'img/s':>8s} {'min-max':>15s} {'ms/step':>9s} "
-      f"{'GFLOP/s':>8s} {'% GEMM':>7s} {'vs torch':>18s} {'compile':>8s} "
-      f"{'cpu use':>8s} {'others':>7s} {'cpu ms/img':>10s}",
-  ]
-  for lab, c in res["contestants"].items():
-    ips = c["img_per_sec"]
-    r = c["ratio_vs_reference"]
-    ratio = ("1.00x" if lab == res["reference"] else
-             f"{r['median']:.2f}x [{r['min']:.2f}-{r['max']:.2f}]")
-    comp = f"{c['compile_s']:.1f}s" if c.get("compile_s") is not None else "-"
-    label = "torch (eager)" if lab == "torch" else lab
-    lines.append(
-        f"{label:15s} {ips['median']:8.2f} "
-        f"{ips['min']:7.2f}-{ips['max']:<7.2f} "
-        f"{1000 * w['batch'] / ips['median']:9.1f} "
-        f"{gflop * ips['median']:8.1f} "
-        f"{machine.percent_of(gflop * ips['median'], best):>7s} "
-        f"{ratio:>18s} {comp:>8s} "
-        f"{c['cpu_use']['median']:8.2f} {c['other_load']['median']:7.2f} "
-        f"{c['cpu_ms_per_img']['median']:10.1f}")
-  lines.append("")
+  res, gflop, w = rec["details"], rec["gflop_per_image"], rec
+  isa = rec["machine"].get("isa", {})
+  lines = [machine.describe(rec["machine"]), rec.get("isa_line", "")]
+  if w["dtype"] == "bfloat16" and not isa.get("AVX512-BF16"):
+    lines.append("bfloat16 on a CPU without bf16 arithmetic: vit_jax runs "
+                 "the dense layers' GEMMs in float32 (kernels.choose_dense).")
+  elif w["dtype"] == "bfloat16" and rec.get("isa") == "avx2":
+    lines.append("bfloat16, AVX2 emulated: vit_jax picks its bf16 GEMMs from "
+                 "this CPU's real AVX512-BF16: not an AVX2 CPU's numbers.")
+  lines += [f"{w['model']}  {w['mode']}  {w['dtype']}  batch {w['batch']}  "
+            f"{w['image_size']}x{w['image_size']}  |  {rec['rounds']} "
+            f"alternating rounds, load avg {res['load_avg_1m']:.1f}" + (
+                f"  |  {gflop:.2f} GFLOP/image (analytic"
+                f"{', train = 3x forward' if w['mode'] == 'train' else ''})"
+                if gflop else ""), ""]
+  lines += rows(res, gflop, machine.roofline(rec.get("gemms"), w["dtype"]))
   if "ratio" in rec:
-    lines.append(
-        f"ratio jax/torch = {rec['ratio']:.2f}x (median of per-round paired "
-        f"ratios; min {rec['ratio_min']:.2f}x, max {rec['ratio_max']:.2f}x)")
-    if "ratio_vs_torch_compile" in rec:
-      lines.append(f"ratio jax/torch.compile = "
-                   f"{rec['ratio_vs_torch_compile']:.2f}x (median of per-round "
-                   f"paired ratios)")
-    jx = res["contestants"]["jax"]
-    cr = jx["cpu_ratio_vs_reference"]
-    lines.append(
-        f"CPU-time ratio torch/jax = {cr['median']:.2f}x [{cr['min']:.2f}-"
-        f"{cr['max']:.2f}] (CPU-seconds per image; a load-robust cross-check, "
-        f"inflated by spin-waiting thread pools)")
-    if jx.get("check_max_abs_diff") is not None:
-      what = "logits" if w["mode"] == "infer" else "first-step loss"
-      lines.append(f"check: max |{what} jax - torch| = "
-                   f"{jx['check_max_abs_diff']:.2e} (max |value| "
-                   f"{jx['check_max_abs_ref']:.2f})")
+    lines.append(f"ratio jax/{rec['peer']} = {rec['ratio']:.2f}x [min "
+                 f"{rec['ratio_min']:.2f}x, max {rec['ratio_max']:.2f}x]; "
+                 f"CPU-time ratio {rec['cpu_time_ratio']:.2f}x")
   if rec.get("gemms"):
     lines += ["", machine.format_gemms(rec["gemms"], w["dtype"])]
-  info = res["contestants"]["jax"]["info"]
-  if info.get("xla_flags"):
-    lines.append(f"XLA_FLAGS: {info['xla_flags']}")
-  if "torch" in res["contestants"]:
-    ti = res["contestants"]["torch"]["info"]
-    lines.append(f"torch {ti.get('torch')} threads {ti.get('threads')}; "
-                 f"jax {info.get('jax')}; cpu use = CPU-seconds per second "
-                 f"(well under {res['cpu_count']} = starved); others = cores "
-                 f"used by other processes meanwhile (median; noise)")
+  for lab, c in res["contestants"].items():
+    lines.append(f"{lab}: " + ", ".join(f"{k} {c['info'][k]}" for k in (
+        "jax", "xla_flags", "torch", "threads", "tensorflow", "onnxruntime",
+        "intra_op_threads", "export_s") if c["info"].get(k)))
+  return "\n".join(lines)
+
+
+def format_sweep(recs) -> str:
+  """All points in one table; ``~FLOPs``: the ms per image the first point
+  of the same model predicts if time followed the analytic FLOPs."""
+  lines = [f"{'model':24s} {'batch':>5s} {'px':>4s} {'tokens':>6s} "
+           f"{'GFLOP/img':>9s} {'attn%':>6s} {'jax img/s':>10s} "
+           f"{'ms/img':>8s} {'~FLOPs':>8s}  each peer: img/s (jax / peer)"]
+  first = {}
+  for r in recs:
+    b = first.setdefault(r["model"], r)
+    pred = (1000.0 / b["jax_img_per_sec"] * r["gflop_per_image"] /
+            b["gflop_per_image"] if r["gflop_per_image"] else None)
+    pct = None if pred is None else 100 * r["attention_fraction"]
+    lines.append(
+        f"{r['model']:24s} {r['batch']:5d} {r['image_size']:4d} "
+        f"{r['tokens'] or '-':>6} {_fmt(r['gflop_per_image'], '{:.1f}'):>9s} "
+        f"{_fmt(pct, '{:.1f}%'):>6s} {r['jax_img_per_sec']:10.2f} "
+        f"{1000.0 / r['jax_img_per_sec']:8.1f} {_fmt(pred, '{:.1f}'):>8s}  " +
+        ", ".join(f"{k} {c['img_per_sec']['median']:.2f} "
+                  f"({r['ratio_vs_' + k.replace('.', '_')]:.2f}x)"
+                  for k, c in r["details"]["contestants"].items()
+                  if k != "jax"))
   return "\n".join(lines)
 
 
@@ -243,19 +243,30 @@ def main(argv=None):
   console.quiet_native_logs()
   args = build_parser().parse_args(argv)
   isa_line = machine.set_isa(args.isa)
-  workload = harness.Workload(
-      name=args.model, mode=args.mode, dtype=args.dtype, batch=args.batch,
-      image_size=args.image_size, warmup=args.warmup)
-  res = harness.run(workload, contestants_from_args(args), rounds=args.rounds,
-                    round_s=args.round_seconds, quiet_load=args.quiet_load,
-                    max_retries=args.max_retries,
-                    wait_quiet_s=args.wait_quiet, cpus=args.cpus,
-                    reference=None if args.no_torch else "torch")
-  rec = summarise(res, workload, machine.gemms_for(
-      args, workload.name, workload.batch, workload.image_size,
-      dtypes=(workload.dtype,)))
-  rec["isa"], rec["isa_line"] = args.isa, isa_line
-  return harness.emit(format_table(rec), rec, args.json)
+  points = [(m, s, b) for m in args.model for s in args.image_size
+            for b in args.batch]
+  gemms = machine.gemms_for(args, [(m, b, s) for m, s, b in points
+                                   if not is_timm(m)], dtypes=(args.dtype,))
+  recs, info = [], machine.cpu_info()
+  for m, s, b in points:
+    w = harness.Workload(name=m, mode=args.mode, dtype=args.dtype, batch=b,
+                         image_size=s, warmup=args.warmup, timm=is_timm(m),
+                         layers=args.layers)
+    harness.log(f"== {m} batch {b} {s}px")
+    res = harness.run(w, contestants(args, w.timm), rounds=args.rounds,
+                      round_s=args.round_seconds, quiet_load=args.quiet_load,
+                      max_retries=args.max_retries, reference="jax",
+                      wait_quiet_s=args.wait_quiet, cpus=args.cpus)
+    res["machine"] = info
+    rec = dict(summarise(res, w, gemms), isa=args.isa, isa_line=isa_line)
+    recs.append(rec)
+    print(format_table(rec), file=sys.stderr if args.json else sys.stdout)
+    if args.json:
+      print(json.dumps(rec))
+  if len(recs) > 1:
+    print("\n" + format_sweep(recs), file=sys.stderr if args.json else
+          sys.stdout)
+  return recs[0] if len(recs) == 1 else recs
 
 
 if __name__ == "__main__":

@@ -1,9 +1,9 @@
 """Analytic FLOP counts of a ViT (one multiply-add = 2 FLOPs).
 
-Only matmul-like work is counted (patch conv, q/k/v/out projections, the two
-attention products, the MLP, the head); LayerNorm, softmax, GELU and adds are
-a few percent and left out, as is usual. A training step is counted as 3x
-the forward pass (backward = 2x forward) and the optimizer is ignored.
+Only matmul-like work is counted (patch embedding, q/k/v/out projections,
+the two attention products, the MLP, the head); LayerNorm, softmax, GELU
+and adds are a few percent and left out, as is usual. A training step is 3x
+the forward pass (backward = 2x forward); the optimizer is ignored.
 """
 
 from __future__ import annotations
@@ -14,7 +14,6 @@ import dataclasses
 @dataclasses.dataclass(frozen=True)
 class FlopBreakdown:
   """Forward FLOPs of one image, split by where they are spent."""
-
   tokens: int          # N (patches + class token)
   patch_embed: float
   qkv_out_proj: float  # 4 * N * D^2 matmuls, linear in N
@@ -39,16 +38,14 @@ def vit_forward_flops(*, hidden_size: int, num_layers: int, mlp_dim: int,
                       **unused) -> FlopBreakdown:
   """Forward FLOPs of one ``image_size`` x ``image_size`` image."""
   del unused
-  d, m, p = hidden_size, mlp_dim, patch_size
+  d, m, p, layers = hidden_size, mlp_dim, patch_size, num_layers
   patches = (image_size // p) ** 2
   n = patches + (1 if class_token else 0)
-  patch_embed = 2 * patches * (p * p * channels) * d
-  qkv_out = num_layers * 2 * n * d * (4 * d)
-  attention = num_layers * 2 * (2 * n * n * d)
-  mlp = num_layers * 2 * (2 * n * d * m)
-  head = 2 * d * num_classes if num_classes else 0
-  return FlopBreakdown(n, float(patch_embed), float(qkv_out), float(attention),
-                       float(mlp), float(head))
+  return FlopBreakdown(
+      n, float(2 * patches * (p * p * channels) * d),
+      float(layers * 2 * n * d * (4 * d)), float(layers * 2 * (2 * n * n * d)),
+      float(layers * 2 * (2 * n * d * m)),
+      float(2 * d * num_classes if num_classes else 0))
 
 
 def step_flops(variant, image_size: int, mode: str, num_classes: int = 1000):

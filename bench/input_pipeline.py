@@ -2,20 +2,14 @@
 
     .venv/bin/python bench/input_pipeline.py --cores 1 2 --step-rate 2900
 
-Writes ``--images`` generated JPEGs (``--jpeg-size``, ImageNet's typical
-500x375 by default) into an image folder and reads them through
-``vit_jax.data.batches.train_dataset`` exactly as ``train.py`` does (tfds
-ImageFolder, shuffle, Inception crop with ``decode_and_crop_jpeg``, flip,
-uint8 batches), with and without RandAugment, on ``--cores`` host threads
-(tf.data's private thread pool; intra-op parallelism 1). Nothing goes to a
-device: this is the host side that must keep up with the accelerator.
-
-It prints the CPU, img/s per setting, the images per CPU-second the process
-used (its CPU time, all threads: robust to other processes starving it,
-unlike img/s per core) and how many such cores a given accelerator step rate
-(``--step-rate`` img/s, e.g. 2,900 for ViT-B/16 bfloat16 on one H100) needs:
-``rate / (images per CPU-second)`` at the most cores measured, assuming
-linear scaling beyond them (the table shows how well it scales here).
+Generated photo-like JPEGs (``--jpeg-size``, ImageNet's typical 500x375 by
+default) read through ``vit_jax.data.batches.train_dataset`` as ``train.py``
+does (tfds ImageFolder, shuffle, Inception crop with
+``decode_and_crop_jpeg``, flip, uint8 batches), with and without
+RandAugment, on ``--cores`` tf.data threads; nothing goes to a device. It
+prints img/s, the images per CPU-second of the process (robust to other
+processes starving it) and how many such cores an accelerator's step rate
+(``--step-rate``, e.g. 2,900 img/s for ViT-B/16 bf16 on one H100) needs.
 """
 
 from __future__ import annotations
@@ -25,7 +19,6 @@ import json
 import math
 import os
 import shutil
-import subprocess
 import sys
 import tempfile
 import time
@@ -35,27 +28,8 @@ if __package__ in (None, ""):
 
 import numpy as np  # noqa: E402
 
+from bench import machine  # noqa: E402
 from vit_jax.data import console  # noqa: E402
-
-
-def describe_cpu() -> str:
-  """The host CPU in words (bench/machine.py's describe() where it exists,
-  else lscpu's model lines), and the cores this process may use."""
-  try:
-    from bench import machine  # pylint: disable=import-outside-toplevel
-    return machine.describe()
-  except (ImportError, AttributeError):
-    pass
-  want = ("Model name", "CPU family", "Model:")
-  try:
-    out = subprocess.run(["lscpu"], capture_output=True, text=True,
-                         check=False, timeout=10).stdout
-    lines = [" ".join(ln.split()) for ln in out.splitlines()
-             if ln.startswith(want)]
-  except (OSError, subprocess.SubprocessError):
-    lines = []
-  cores = len(os.sched_getaffinity(0))
-  return (", ".join(lines) or "unknown CPU") + f"; {cores} usable core(s)"
 
 
 def write_jpegs(directory: str, n: int, height: int, width: int,
@@ -68,8 +42,7 @@ def write_jpegs(directory: str, n: int, height: int, width: int,
   y, x = np.mgrid[0:height, 0:width].astype(np.float32)
   for split, count in (("train", n), ("test", max(classes, n // 10))):
     for i in range(count):
-      label = i % classes
-      d = os.path.join(directory, split, f"c{label}")
+      d = os.path.join(directory, split, f"c{i % classes}")
       os.makedirs(d, exist_ok=True)
       f = rng.uniform(0.5, 4.0, 3)
       img = 127 + 100 * np.sin(np.stack(
@@ -131,8 +104,7 @@ def run(args) -> dict:
   made = not os.path.isdir(os.path.join(folder, "train"))
   try:
     if made:
-      h, w = args.jpeg_size
-      write_jpegs(folder, args.images, h, w)
+      write_jpegs(folder, args.images, *args.jpeg_size)
     rows = []
     from vit_jax.data import transforms  # pylint: disable=import-outside-toplevel
     margin = transforms._JPEG_CROP_MARGIN  # pylint: disable=protected-access
@@ -156,7 +128,8 @@ def run(args) -> dict:
   finally:
     if made and not args.folder:
       shutil.rmtree(folder, ignore_errors=True)
-  return {"cpu": describe_cpu(), "rows": rows, "jpeg_size": args.jpeg_size,
+  return {"cpu": machine.describe().replace("CPU: ", "", 1), "rows": rows,
+          "jpeg_size": args.jpeg_size,
           "image_size": args.image_size, "batch": args.batch,
           "step_rates": args.step_rate}
 

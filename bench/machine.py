@@ -1,22 +1,14 @@
 """The machine a benchmark runs on, and the fastest GEMM it does.
 
-Every table in bench/ starts with :func:`describe` (CPU model, family and
-model numbers, the ISA extensions that decide the speed of a ViT on CPU:
-AVX-512, AVX512-BF16, AVX512-VNNI, AMX) and the throughput tables measure,
-in the same run, the GEMM rate of each framework and dtype
-(:func:`measure_gemms`): a large square GEMM and the model's own GEMM
-shapes, in XLA float32, XLA bf16 x bf16 -> float32 (the product our
-bfloat16 path uses), torch float32 (MKL) and torch bfloat16 (oneDNN).
-The best of those rates for a dtype is the roofline: "our model runs at
-N % of the best GEMM this machine does" (:func:`roofline`).
-
     python bench/machine.py                        # this machine, 2048^3
     python bench/machine.py --model vit_ti_16 --batch 16 --json
 
-Each framework times its GEMMs in its own child process (as the benchmark
-contestants do: two thread pools in one process slow each other down), one
-after the other, each shape for about ``seconds``; the rate kept is the best
-of several timed repetitions, since a roofline is what the machine can do.
+Every table starts with :func:`describe` (the CPU, and the ISA extensions
+that decide a ViT's speed on it); the throughput tables time in the same
+run each framework's GEMMs (:func:`measure_gemms`: a square GEMM and the
+model's own shapes; XLA float32 and bf16 x bf16 -> float32, torch float32
+(MKL) and bfloat16 (oneDNN)), each in its own child, the best of several
+repetitions. The best rate for a dtype is the roofline (:func:`roofline`).
 """
 
 from __future__ import annotations
@@ -27,7 +19,6 @@ import json
 import os
 import platform
 import resource
-import subprocess
 import sys
 import time
 from typing import Any, Dict, List, Optional, Sequence, Tuple
@@ -35,20 +26,12 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 if __package__ in (None, ""):  # `python bench/machine.py`
   sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-
-from bench import mlas_isa  # pylint: disable=wrong-import-position
-from bench import ynnpack_isa  # pylint: disable=wrong-import-position
+from bench import harness  # pylint: disable=wrong-import-position
 
 # /proc/cpuinfo flag -> the name printed in tables.
-ISA_FLAGS = {
-    "avx2": "AVX2",
-    "avx512f": "AVX-512",
-    "avx512_bf16": "AVX512-BF16",
-    "avx512_vnni": "AVX512-VNNI",
-    "amx_bf16": "AMX-BF16",
-    "amx_tile": "AMX-TILE",
-}
+ISA_FLAGS = {"avx2": "AVX2", "avx512f": "AVX-512", "avx512_bf16": "AVX512-BF16",
+             "avx512_vnni": "AVX512-VNNI", "amx_bf16": "AMX-BF16",
+             "amx_tile": "AMX-TILE"}
 
 # (framework, dtype) -> how the tables name it.
 GEMM_KINDS = {
@@ -60,17 +43,12 @@ GEMM_KINDS = {
 SQUARE = (2048, 2048, 2048)
 
 
-# --------------------------------------------------------------------------- #
 # The CPU.
-# --------------------------------------------------------------------------- #
 
 
 def _uarch(vendor: str, family: Optional[int], model: Optional[int]):
-  """A microarchitecture name for the CPUs this project meets (None when
-  the numbers are not in this short list)."""
-  if family is None or model is None:
-    return None
-  if vendor == "AuthenticAMD":
+  """A microarchitecture name for the CPUs this project meets, or None."""
+  if vendor == "AuthenticAMD" and model is not None:
     if family == 26:
       return "Zen 5"
     if family == 25:  # Zen 3 and Zen 4 share family 19h
@@ -112,85 +90,66 @@ def parse_cpuinfo(text: str) -> Dict[str, Any]:
 
 
 def cpu_info() -> Dict[str, Any]:
-  """This machine: :func:`parse_cpuinfo` of /proc/cpuinfo, plus the CPUs
-  this process may run on."""
+  """This machine's /proc/cpuinfo, and the CPUs this process may use."""
   try:
     with open("/proc/cpuinfo") as f:
       info = parse_cpuinfo(f.read())
   except OSError:
     info = parse_cpuinfo("")
-  try:
-    info["cpus"] = len(os.sched_getaffinity(0))
-  except AttributeError:
-    info["cpus"] = os.cpu_count()
+  info["cpus"] = len(os.sched_getaffinity(0))
   return info
 
 
-# --isa avx2: what caps each framework at AVX2 (and FMA) on a CPU that has
-# more, so one machine measures what an AVX2-only CPU (Zen 3, Haswell..)
-# would run. Children of the run inherit it (contestants, GEMM probes).
+# --isa avx2: an AVX2-only CPU (Zen 3, Haswell, ...) approximated on one
+# with more, by the switches the packages document, nothing else; children
+# of the run inherit them (contestants, GEMM probes).
 ISAS = ("native", "avx2")
 EMULATE_AVX2 = {
-    "XLA_FLAGS": "--xla_cpu_max_isa=AVX2",  # JAX's generated code
-    ynnpack_isa.ENV: "avx2",  # JAX's YNNPACK GEMMs (bench/ynnpack_isa.py)
+    "XLA_FLAGS": "--xla_cpu_max_isa=AVX2",  # XLA's generated code
     "ATEN_CPU_CAPABILITY": "avx2",  # torch's own kernels
-    # torch's oneDNN (bf16, conv) and the oneDNN sgemm under XLA's Eigen
-    # dots (e.g. a transposed operand, contracting dimension 0)
-    "ONEDNN_MAX_CPU_ISA": "AVX2",
+    "ONEDNN_MAX_CPU_ISA": "AVX2",  # oneDNN: torch's bf16, XLA's Eigen dots
     "MKL_ENABLE_INSTRUCTIONS": "AVX2",  # torch's float32 GEMMs
-    mlas_isa.ENV: "avx2",  # onnxruntime's MLAS kernels (bench/mlas_isa.py)
 }
+# What no documented switch reaches: both read CPUID themselves.
+NOT_CAPPED = ("not capped (no switch): XLA's YNNPACK GEMMs and onnxruntime's "
+              "MLAS kernels, which run this CPU's AVX-512")
+EMULATION_CAVEAT = ("The cores are still this CPU's (caches, clocks): a real "
+                    "AVX2 CPU is the reference.")
 
 
 def set_isa(isa: str, info: Optional[Dict[str, Any]] = None) -> str:
-  """Caps this run's child processes at ``isa`` ('native' leaves them
-  alone) and returns the line a table prints: which ISA was real and which
-  emulated."""
+  """Sets this run's children to ``isa`` ('native' leaves them alone) and
+  returns the line a table prints: which ISA was real, which emulated."""
   if isa not in ISAS:
     raise ValueError(f"--isa {isa!r}: expected one of {ISAS}")
   info = info or cpu_info()
   has512 = bool(info.get("isa", {}).get("AVX-512"))
   if isa == "native":
-    return (f"ISA: native ({'AVX-512' if has512 else 'AVX2'}, real)")
+    return f"ISA: native ({'AVX-512' if has512 else 'AVX2'}, real)"
   for key, value in EMULATE_AVX2.items():
     if key == "XLA_FLAGS":
       value = " ".join(v for v in (os.environ.get(key, ""), value) if v)
     os.environ[key] = value
   if not has512:
     return "ISA: AVX2 (real: this CPU has no AVX-512)"
-  return ("ISA: AVX2, emulated on this AVX-512 CPU (JAX: XLA_FLAGS="
-          "--xla_cpu_max_isa=AVX2, ONEDNN_MAX_CPU_ISA=AVX2, YNNPACK's "
-          "kernels capped at AVX2+FMA3; torch: ATEN_CPU_CAPABILITY=avx2 "
-          "ONEDNN_MAX_CPU_ISA=AVX2 MKL_ENABLE_INSTRUCTIONS=AVX2; onnxruntime: "
-          "MLAS's AVX-512 kernels switched off in a patched copy). " +
-          EMULATION_CAVEAT)
-
-
-# The cores stay AVX-512 ones (cache, memory, clocks, how fast each AVX2
-# instruction retires). Measured 2026-11-25 on an AMD EPYC Zen 5: capped
-# XLA 207-255 GFLOP/s on ViT-Ti/16's shapes against capped MKL 215-222
-# (bench/results/zen5_2026-11-25_avx2capped_ti16_train_b16.txt); on a real
-# Zen 3 the two ran at the same 182-187.
-EMULATION_CAVEAT = (
-    "The cores are still this CPU's: compare the XLA and MKL rows of the "
-    "GEMM table; a real AVX2 CPU is the reference.")
+  return ("ISA: AVX2 emulated on this AVX-512 CPU by the packages' documented "
+          "switches only (" + " ".join(f"{k}={v}" for k, v in
+                                       EMULATE_AVX2.items()) +
+          f"); {NOT_CAPPED}. {EMULATION_CAVEAT}")
 
 
 def add_isa_arg(p: argparse.ArgumentParser):
   p.add_argument("--isa", choices=ISAS, default="native",
-                 help="avx2: cap both frameworks at AVX2 + FMA (emulate an "
-                      "AVX2-only CPU on an AVX-512 one); every table says "
-                      "which ISA was real and which emulated")
+                 help="avx2: an AVX2-only CPU emulated by the packages' "
+                      "documented switches only (the tables say so)")
 
 
 def describe(info: Optional[Dict[str, Any]] = None) -> str:
   """One line naming the CPU, e.g. ``CPU: AMD EPYC (family 26, model 2:
   Zen 5), 2 CPUs | AVX-512 yes, AVX512-BF16 yes, AVX512-VNNI yes, AMX no``."""
   info = info or cpu_info()
-  nums = [f"family {info['family']}" if info.get("family") is not None
-          else None,
-          f"model {info['model']}" if info.get("model") is not None else None]
-  nums = ", ".join(n for n in nums if n)
+  nums = ", ".join(f"{k} {info[k]}" for k in (
+      "family", "model") if info.get(k) is not None)
   if info.get("uarch"):
     nums = f"{nums}: {info['uarch']}" if nums else info["uarch"]
   isa = info.get("isa", {})
@@ -202,35 +161,25 @@ def describe(info: Optional[Dict[str, Any]] = None) -> str:
           f"AVX512-VNNI {yes('AVX512-VNNI')}, AMX {amx}")
 
 
-# --------------------------------------------------------------------------- #
 # GEMM rates.
-# --------------------------------------------------------------------------- #
-
-
-def variant(name: str):
-  """The architecture of a variant name (``vit_b_16`` ...)."""
-  from vit_jax import models  # pylint: disable=import-outside-toplevel
-  return models.decode_variant(name)
 
 
 def model_gemm_shapes(name: str, batch: int, image_size: int = 224
                       ) -> List[Tuple[int, int, int]]:
-  """The (M, K, N) of the model's token-wise GEMMs at this batch: q/k/v/out
-  projections (M, D, D) and the MLP's (M, D, mlp) and (M, mlp, D), with
-  M = batch * tokens. (The attention products are many small batched GEMMs
-  and are left out.)"""
-  v = variant(name)
+  """(M, K, N) of the model's token-wise GEMMs, M = batch * tokens: q/k/v/out
+  (M, D, D), the MLP's (M, D, mlp) and (M, mlp, D)."""
+  from vit_jax import models  # pylint: disable=import-outside-toplevel
+  v = models.decode_variant(name)
   tokens = (image_size // v.patch_size) ** 2 + 1
   m, d, h = batch * tokens, v.hidden_size, v.mlp_dim
   return [(m, d, d), (m, d, h), (m, h, d)]
 
 
 def _time_gemm(run, flop: float, seconds: float, repeats: int = 5) -> float:
-  """Best GFLOP/s of ``repeats`` timed stretches of about
-  ``seconds / repeats`` each (after one warm-up call). A GEMM whose one
-  call already takes that long (torch's bf16 on a CPU without bf16
-  arithmetic: 0.3 GFLOP/s, 58 s for one 2048^3 call on Zen 3) is timed by
-  that one call: six calls took six minutes."""
+  """Best GFLOP/s of ``repeats`` stretches of ``seconds / repeats`` each,
+  after a warm-up call; a call that already takes that long (torch's bf16
+  without bf16 arithmetic: 58 s for one 2048^3 GEMM on Zen 3) is timed
+  once."""
   run()
   t0 = time.perf_counter()
   run()
@@ -248,80 +197,65 @@ def _time_gemm(run, flop: float, seconds: float, repeats: int = 5) -> float:
   return flop / best / 1e9
 
 
-def _child_jax(shapes, dtypes, seconds):
-  import jax  # pylint: disable=import-outside-toplevel
-  ynnpack_isa.apply_from_environment()
-  import jax.numpy as jnp  # pylint: disable=import-outside-toplevel
+def _rates(fw, dt, shapes, seconds, make, run):
+  out = []
+  for m, k, n in shapes:
+    a, b = make(m, k, dt), make(k, n, dt)
+    out.append({"framework": fw, "dtype": dt, "shape": [m, k, n],
+                "gflops": _time_gemm(lambda: run(a, b), 2.0 * m * k * n,
+                                     seconds)})
+  return out
+
+
+def gemm_child(spec) -> Dict[str, Any]:
+  """In a child (bench.worker's ``gemm``): one framework's GEMM rates."""
   import numpy as np  # pylint: disable=import-outside-toplevel
-  out = []
+  shapes, rates = [tuple(s) for s in spec["shapes"]], []
   rs = np.random.RandomState(0)
-  f = jax.jit(lambda a, b: jnp.matmul(a, b,
-                                      preferred_element_type=jnp.float32))
-  for dt in dtypes:
-    for m, k, n in shapes:
-      a = jnp.asarray(rs.standard_normal((m, k)), jnp.dtype(dt))
-      b = jnp.asarray(rs.standard_normal((k, n)), jnp.dtype(dt))
-      rate = _time_gemm(lambda: f(a, b).block_until_ready(), 2.0 * m * k * n,
-                        seconds)
-      out.append({"framework": "jax", "dtype": dt, "shape": [m, k, n],
-                  "gflops": rate})
-  return {"framework": "jax", "version": jax.__version__, "rates": out}
-
-
-def _child_torch(shapes, dtypes, seconds):
+  if spec["framework"] == "jax":
+    import jax  # pylint: disable=import-outside-toplevel
+    import jax.numpy as jnp  # pylint: disable=import-outside-toplevel
+    f = jax.jit(lambda a, b: jnp.matmul(a, b,
+                                        preferred_element_type=jnp.float32))
+    for dt in spec["dtypes"]:
+      rates += _rates("jax", dt, shapes, spec["seconds"],
+                      lambda m, k, dt: jnp.asarray(rs.standard_normal((m, k)),
+                                                   jnp.dtype(dt)),
+                      lambda a, b: f(a, b).block_until_ready())
+    return {"version": jax.__version__, "rates": rates}
   import torch  # pylint: disable=import-outside-toplevel
-  out = []
   g = torch.Generator().manual_seed(0)
-  for dt in dtypes:
-    for m, k, n in shapes:
-      a = torch.randn(m, k, generator=g).to(getattr(torch, dt))
-      b = torch.randn(k, n, generator=g).to(getattr(torch, dt))
-      with torch.inference_mode():
-        rate = _time_gemm(lambda: a @ b, 2.0 * m * k * n, seconds)
-      out.append({"framework": "torch", "dtype": dt, "shape": [m, k, n],
-                  "gflops": rate})
-  return {"framework": "torch", "version": torch.__version__,
-          "threads": torch.get_num_threads(), "rates": out}
+  with torch.inference_mode():
+    for dt in spec["dtypes"]:
+      rates += _rates("torch", dt, shapes, spec["seconds"],
+                      lambda m, k, dt: torch.randn(m, k, generator=g).to(
+                          getattr(torch, dt)), lambda a, b: a @ b)
+  return {"version": torch.__version__, "rates": rates}
 
 
 def measure_gemms(shapes: Sequence[Tuple[int, int, int]] = (SQUARE,),
                   frameworks: Sequence[str] = ("jax", "torch"),
                   dtypes: Sequence[str] = ("float32", "bfloat16"),
-                  seconds: float = 0.6,
-                  cpus: Optional[List[int]] = None,
+                  seconds: float = 0.6, cpus: Optional[List[int]] = None,
                   wait_quiet_s: float = 0.0,
                   quiet_load: float = 0.3) -> Dict[str, Any]:
-  """GEMM rates (GFLOP/s) of each framework and dtype on ``shapes``
-  (M, K, N), each framework in its own child process (first waiting up to
-  ``wait_quiet_s`` for other processes to use at most ``quiet_load``
-  cores). Returns ``{"rates": [{framework, dtype, shape, gflops}, ...],
-  "versions": ..., "other_load": {framework: cores other processes used
-  meanwhile}}``."""
-  from bench import harness  # pylint: disable=import-outside-toplevel
-  shapes = [tuple(int(x) for x in s) for s in dict.fromkeys(
-      tuple(s) for s in shapes)]
-  env = dict(os.environ)
-  env.setdefault("JAX_PLATFORMS", "cpu")
-  env["PYTHONPATH"] = os.pathsep.join(
-      p for p in (REPO, env.get("PYTHONPATH", "")) if p)
+  """``{"rates": [{framework, dtype, shape, gflops}, ...], "versions",
+  "other_load": {framework: cores others used}}`` on ``shapes`` (M, K, N),
+  each framework in its own child (after waiting up to ``wait_quiet_s``
+  for quiet)."""
+  shapes = [list(s) for s in dict.fromkeys(tuple(s) for s in shapes)]
   rates, versions, other = [], {}, {}
   for fw in frameworks:
-    spec = {"framework": fw, "shapes": shapes, "dtypes": list(dtypes),
-            "seconds": seconds}
     if wait_quiet_s > 0:
       harness.wait_for_quiet(wait_quiet_s, quiet_load)
     busy0, t0 = harness.busy_cpu_seconds(), time.perf_counter()
     child0 = _children_cpu_seconds()
-    proc = subprocess.run(
-        [sys.executable, "-m", "bench.machine", "--child", json.dumps(spec)],
-        cwd=REPO, env=env, capture_output=True, text=True, check=False,
-        preexec_fn=(lambda: os.sched_setaffinity(0, cpus)) if cpus else None)
+    res = harness.call("gemm", {"framework": fw, "shapes": shapes,
+                                "dtypes": list(dtypes), "seconds": seconds},
+                       fw, cpus=cpus)
     wall = time.perf_counter() - t0
     other[fw] = max(0.0, (harness.busy_cpu_seconds() - busy0 -
                           (_children_cpu_seconds() - child0)) / wall)
-    if proc.returncode:
-      raise RuntimeError(f"GEMM timing in {fw} failed:\n{proc.stderr[-2000:]}")
-    res = json.loads(proc.stdout.strip().splitlines()[-1])
     rates += res["rates"]
     versions[fw] = res["version"]
   return {"rates": rates, "versions": versions, "seconds": seconds,
@@ -337,9 +271,7 @@ def roofline(gemms: Optional[Dict[str, Any]], dtype: str
              ) -> Optional[Dict[str, Any]]:
   """The best GEMM of ``dtype`` in a :func:`measure_gemms` result:
   ``{"gflops", "kind", "shape"}`` (None without measurements)."""
-  if not gemms:
-    return None
-  cands = [r for r in gemms["rates"] if r["dtype"] == dtype]
+  cands = [r for r in (gemms or {}).get("rates", []) if r["dtype"] == dtype]
   if not cands:
     return None
   best = max(cands, key=lambda r: r["gflops"])
@@ -377,55 +309,35 @@ def format_gemms(gemms: Dict[str, Any], workload_dtype: Optional[str] = None
 
 
 def percent_of(gflops: float, best: Optional[Dict[str, Any]]) -> str:
-  """A contestant's GFLOP/s as a share of the roofline, e.g. ``' 41%'``."""
-  if not best or not best.get("gflops"):
-    return "-"
-  return f"{100.0 * gflops / best['gflops']:.0f}%"
+  """A contestant's GFLOP/s as a share of the roofline, e.g. ``41%``."""
+  return f"{100.0 * gflops / best['gflops']:.0f}%" if best else "-"
 
 
 def add_gemm_args(p: argparse.ArgumentParser):
-  """The roofline options of every throughput table (bench.py, ab.py,
-  scaling.py, export.py)."""
+  """The roofline options of every throughput table (bench.py, ab.py)."""
   p.add_argument("--gemm-seconds", type=float, default=0.6,
-                 help="time per GEMM (framework, dtype, shape) for the "
-                      "roofline measured in the same run")
+                 help="time per GEMM (framework, dtype, shape) timed")
   p.add_argument("--gemm-square", type=int, default=SQUARE[0],
-                 help="side of the square GEMM timed beside the model's own "
-                      "GEMM shapes")
+                 help="side of the square GEMM beside the model's shapes")
   p.add_argument("--no-gemm", action="store_true",
-                 help="skip the GEMM rates (no roofline column)")
+                 help="skip the GEMM rates (no roofline)")
 
 
-def gemms_for(args, name: Optional[str] = None, batch: int = 8,
-              image_size: int = 224, dtypes=("float32", "bfloat16")):
-  """:func:`measure_gemms` for a table made with :func:`add_gemm_args`'s
-  options: the square GEMM and (with ``name``) the model's own shapes, in
-  JAX and (when installed) torch. None with ``--no-gemm``."""
+def gemms_for(args, points=(), dtypes=("float32", "bfloat16")):
+  """:func:`measure_gemms` of the square GEMM and each (variant, batch,
+  image size)'s shapes, in JAX and torch (if installed); None: --no-gemm."""
   if args.no_gemm:
     return None
-  frameworks = ["jax"]
-  if importlib.util.find_spec("torch") is not None:
-    frameworks.append("torch")
-  shapes = [(args.gemm_square,) * 3]
-  if name:
-    shapes += model_gemm_shapes(name, batch, image_size)
-  print(f"[gemm] timing {len(shapes)} shapes x {frameworks} x "
-        f"{'/'.join(dtypes)} ...", file=sys.stderr, flush=True)
-  return measure_gemms(shapes, frameworks, dtypes,
-                       seconds=args.gemm_seconds,
+  frameworks = ["jax"] + (["torch"] if importlib.util.find_spec("torch")
+                          else [])
+  shapes = [(args.gemm_square,) * 3] + [
+      s for n, b, px in points for s in model_gemm_shapes(n, b, px)]
+  harness.log(f"[gemm] timing {len(shapes)} shapes x {frameworks} x "
+              f"{'/'.join(dtypes)} ...")
+  return measure_gemms(shapes, frameworks, dtypes, seconds=args.gemm_seconds,
                        cpus=getattr(args, "cpus", None),
                        wait_quiet_s=getattr(args, "wait_quiet", 0.0),
                        quiet_load=getattr(args, "quiet_load", 0.3))
-
-
-def _child_main(spec_json: str):
-  spec = json.loads(spec_json)
-  real_stdout, sys.stdout = sys.stdout, sys.stderr  # framework logs aside
-  fn = {"jax": _child_jax, "torch": _child_torch}[spec["framework"]]
-  res = fn([tuple(s) for s in spec["shapes"]], spec["dtypes"],
-           spec["seconds"])
-  real_stdout.write(json.dumps(res) + "\n")
-  real_stdout.flush()
 
 
 def main(argv=None):
@@ -437,15 +349,12 @@ def main(argv=None):
   add_gemm_args(p)
   add_isa_arg(p)
   p.add_argument("--json", action="store_true")
-  p.add_argument("--child", default=None, help=argparse.SUPPRESS)
   args = p.parse_args(argv)
-  if args.child:
-    return _child_main(args.child)
   info = cpu_info()
   isa_line = set_isa(args.isa, info)
-  gemms = gemms_for(args, args.model, args.batch, args.image_size)
-  print(describe(info))
-  print(isa_line)
+  gemms = gemms_for(args, [(args.model, args.batch, args.image_size)]
+                    if args.model else [])
+  print(describe(info) + "\n" + isa_line)
   if gemms:
     print(format_gemms(gemms))
   if args.json:

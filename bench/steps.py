@@ -1,8 +1,8 @@
 """The JAX steps every benchmark times or compiles (one definition).
 
-``train_step`` is forward + softmax cross-entropy + backward + AdamW update,
-jitted with the parameters and optimizer state donated (the buffers are
-updated in place instead of allocated anew each step).
+``infer``: ``model.apply``; ``train``: forward + softmax cross-entropy +
+backward + AdamW update, jitted with the parameters and optimizer state
+donated (updated in place instead of allocated anew each step).
 """
 
 from __future__ import annotations
@@ -11,16 +11,12 @@ import functools
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 import optax
 
 
 def adamw(lr: float = 1e-3, weight_decay: float = 0.05):
   return optax.adamw(lr, weight_decay=weight_decay)
-
-
-def make_infer_step(model, compiler_options=None):
-  return jax.jit(functools.partial(_infer, model),
-                 compiler_options=compiler_options)
 
 
 def _infer(model, variables, images):
@@ -41,17 +37,39 @@ def make_train_step(model, tx, *, donate: bool = True, compiler_options=None):
                  compiler_options=compiler_options)
 
 
-def abstract_train_args(model, tx, batch: int, image_size: int):
-  """ShapeDtypeStructs of (params, opt_state, images, labels): enough to
-  lower and compile the train step without allocating the model."""
-  from vit_jax import models  # pylint: disable=import-outside-toplevel
-  params = jax.eval_shape(
-      lambda: models.init_params(model, image_size))["params"]
-  opt_state = jax.eval_shape(tx.init, params)
-  images = jax.ShapeDtypeStruct((batch, image_size, image_size, 3),
-                                jnp.float32)
-  labels = jax.ShapeDtypeStruct((batch,), jnp.int32)
-  return params, opt_state, images, labels
+def lower(model, mode: str, variables, x, y, tx=None, *, donate=True,
+          compiler_options=None):
+  """The ``mode`` step lowered on the shapes of ``variables`` (arrays or
+  ``jax.ShapeDtypeStruct``s) and the batch ``x``, ``y``."""
+  if mode == "infer":
+    return jax.jit(functools.partial(_infer, model),
+                   compiler_options=compiler_options).lower(variables, x)
+  p = variables["params"]
+  return make_train_step(model, tx, donate=donate,
+                         compiler_options=compiler_options).lower(
+                             p, jax.eval_shape(tx.init, p), x, y)
+
+
+def runner(compiled, mode: str, variables, x, y, tx=None):
+  """One synchronous step of ``compiled`` per call on its own state, updated
+  in place; returns the logits or the loss."""
+  if mode == "infer":
+    return lambda: compiled(variables, x).block_until_ready()
+  state = [variables["params"], tx.init(variables["params"])]
+
+  def run():
+    state[0], state[1], loss = compiled(state[0], state[1], x, y)
+    jax.block_until_ready(state)
+    return loss.block_until_ready()
+  return run
+
+
+def perturbed(variables, seed: int = 0):
+  """Every parameter plus 0.02 * N(0, 1) (seeded), so that every one matters
+  (a zero head would make every loss log(classes))."""
+  rs = np.random.RandomState(seed)
+  return jax.tree_util.tree_map(lambda x: np.asarray(x) + 0.02 * (
+      rs.standard_normal(np.shape(x)).astype(np.float32)), variables)
 
 
 def peak_bytes(compiled) -> dict:

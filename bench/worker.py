@@ -1,46 +1,41 @@
-"""A long-lived benchmark child process: one framework, one compiled step.
+"""The one benchmark child process: every framework's side of a benchmark.
 
-The parent (:mod:`bench.harness`) starts one worker per contestant so that
-torch's OpenMP pool and XLA's thread pool never share a process, and talks to
-it over stdin/stdout, one JSON object per line:
+    python -m bench.worker KIND SPEC_JSON
 
-  child -> parent   {"ready": true, "setup_s": ..., "compile_s": ...,
-                     "check": [...], "info": {...}}   once, after warm-up
-  parent -> child   {"cmd": "run", "iters": k}
-  child -> parent   {"wall_s": ..., "cpu_s": ..., "step_s": [...]}
-  parent -> child   {"cmd": "quit"}
-
-``spec`` (argv[1], JSON) says what to build; see ``harness.Spec``. Nothing
-here imports the other framework: the JAX worker reads the torch worker's
-weights from a ``.npz`` file.
+A contestant (``jax``, ``torch``, or an exported artifact in its runtime:
+``stablehlo``, ``savedmodel``, ``onnxruntime``) talks to the parent
+(:mod:`bench.harness`) over stdin/stdout, one JSON object per line: once
+ready ``{"ready": true, "setup_s", "compile_s", "check", "info"}``, then
+for each ``{"cmd": "run", "iters": k}`` a turn's ``{"wall_s", "cpu_s",
+"step_s", ...}``, until ``{"cmd": "quit"}``. A one-shot kind (:data:`ONCE`)
+prints one JSON result and exits (``harness.call``). Nothing imports the
+other framework: the JAX side reads torch's weights from a ``.npz`` file.
 """
 
 from __future__ import annotations
 
 import ctypes
+import hashlib
 import json
 import os
 import resource
 import sys
+import tempfile
 import time
 
 import numpy as np
 
-from bench import ynnpack_isa
+# The environment a table reports (machine.EMULATE_AVX2 sets them).
+ISA_ENV = ("XLA_FLAGS", "ATEN_CPU_CAPABILITY", "ONEDNN_MAX_CPU_ISA",
+           "MKL_ENABLE_INSTRUCTIONS")
+# (height, width) aspect ratios of a NaFlex batch's images (cycled).
+RATIOS = ((1, 1), (4, 3), (3, 4), (16, 9), (9, 16), (2, 1), (1, 2), (1, 3))
 
 
-def _cpu_seconds() -> float:
+def _counters() -> dict:  # CPU time, page faults, context switches
   r = resource.getrusage(resource.RUSAGE_SELF)
-  return r.ru_utime + r.ru_stime
-
-
-def _counters() -> dict:
-  """Per-process counters that explain a slow turn: page faults (memory
-  handed back and touched again) and context switches (involuntary: the
-  scheduler took a core away)."""
-  r = resource.getrusage(resource.RUSAGE_SELF)
-  return {"minflt": r.ru_minflt, "majflt": r.ru_majflt,
-          "nivcsw": r.ru_nivcsw}
+  return {"cpu_s": r.ru_utime + r.ru_stime, "minflt": r.ru_minflt,
+          "majflt": r.ru_majflt, "nivcsw": r.ru_nivcsw}
 
 
 class _Mallinfo2(ctypes.Structure):
@@ -51,21 +46,12 @@ class _Mallinfo2(ctypes.Structure):
 
 class ReleaseWait:
   """Waits, after a JAX step's result is ready, until XLA has freed the
-  step's block of temporaries, before the next step is dispatched.
-
-  XLA:CPU frees that block on its own thread a few milliseconds after the
-  step's outputs are all ready (ViT-Ti/16 train, Zen 5: 4.3 ms median, in
-  43 of 60 steps); a step dispatched at once then allocates its own block
-  first, two blocks are alive, and the second comes from new memory whose
-  every page faults (191,000 faults, the step ~1.6x as long; later steps
-  alternate between the two, and the bench's heap guard trims one away
-  between turns, to be faulted in again). In a loop of 150 Ti/16 steps,
-  glibc's bytes in use right after a step were 221 MiB at the least and
-  968 MiB at the most (the 746 MiB block not yet freed). This polls glibc's
-  count of bytes in use (``mallinfo2``, ~1 us) until it is back within half
-  a block of the level measured at rest, at most ``timeout_s``. The wait is
-  inside the timed turn: it counts against JAX. Does nothing without glibc
-  or without a block worth waiting for (16 MiB)."""
+  step's block of temporaries (on its own thread, a few ms later: ViT-Ti/16
+  train, Zen 5, 4.3 ms median); a step dispatched at once takes its block
+  from new memory, every page of it faulting (the step ~1.6x as long).
+  Polls glibc's bytes in use (``mallinfo2``, ~1 us) until back within half
+  a block of the level at rest, at most ``timeout_s``, inside JAX's timed
+  turn. Does nothing without glibc or for blocks under 16 MiB."""
 
   def __init__(self, temp_bytes: int, timeout_s: float = 0.05):
     self.limit, self.timeout_s = None, timeout_s
@@ -78,14 +64,12 @@ class ReleaseWait:
     self.temp_bytes = int(temp_bytes)
 
   def in_use(self) -> int:
-    """Bytes glibc has handed out: from its heap, and as blocks of their
-    own mapping."""
+    """Bytes glibc has handed out: from its heap, and as own mappings."""
     m = self._mallinfo2()
     return int(m.uordblks + m.hblkhd)
 
   def settle(self):
-    """Takes the level at rest: called after warm-up, once the last step's
-    block has surely been freed."""
+    """Takes the level at rest (after warm-up)."""
     if self._mallinfo2 is None or self.temp_bytes < 2 ** 24:
       return
     time.sleep(0.05)
@@ -104,27 +88,56 @@ class ReleaseWait:
 
 
 def _inputs(spec):
+  """The batch every contestant gets: NHWC float32 images, int labels."""
   rs = np.random.RandomState(spec["seed"])
   b, s = spec["batch"], spec["image_size"]
-  images = rs.standard_normal((b, s, s, 3)).astype(np.float32)  # NHWC
+  images = rs.standard_normal((b, s, s, 3)).astype(np.float32)
   labels = rs.randint(0, spec["num_classes"], size=(b,)).astype(np.int64)
   return images, labels
 
 
-def _send(obj):
-  sys.stdout.write(json.dumps(obj) + "\n")
-  sys.stdout.flush()
+def naflex_inputs(spec, form: str, patch: int):
+  """A NaFlex model's input of the square batch's token count: the same
+  images as a NaFlex dict (``naflex_square``: the mask and per-image grid
+  resize alone), or images of :data:`RATIOS` padded to it (``naflex``)."""
+  from vit_jax.data import naflex  # pylint: disable=import-outside-toplevel
+  b, s = spec["batch"], spec["image_size"]
+  tokens = (s // patch) ** 2
+  if form == "naflex_square":
+    return naflex.collate([dict(zip(naflex.KEYS, naflex.patchify(x, patch)))
+                           for x in _inputs(spec)[0]], tokens)
+  rng = np.random.default_rng(spec["seed"])
+  hw = [RATIOS[i % len(RATIOS)] for i in range(b)]
+  return naflex.batch_images([rng.integers(0, 256, (
+      int(1.5 * s * h / max(h, w)) + 7, int(1.5 * s * w / max(h, w)) + 3, 3),
+                                           dtype=np.uint8) for h, w in hw],
+                             patch_size=patch, max_seq_len=tokens)
 
 
-def _serve(step, check, info, setup_s, compile_s, turn_extra=None):
-  """Answers run requests until told to quit. ``step()`` runs one
-  synchronous step (it must block until the result is ready);
-  ``turn_extra()``, if given, returns fields added to each turn's reply."""
-  info = dict(info, pid=os.getpid(), isa_env={k: os.environ[k] for k in (
-      "XLA_FLAGS", "ATEN_CPU_CAPABILITY", "ONEDNN_MAX_CPU_ISA",
-      "MKL_ENABLE_INSTRUCTIONS", ynnpack_isa.ENV) if k in os.environ})
+_send = print  # main() sends on the real stdout
+
+
+def _serve(spec, step, info, t0, compile_s="first", turn_extra=None,
+           settle=None):
+  """Times the first call (``compile_s="first"``: its time is the compile
+  time), warms up, says it is ready (``setup_s``: since ``t0``, compile
+  aside; ``check``: the first output) and answers run requests until told
+  to quit. ``step()`` runs one synchronous step; ``settle()`` runs after
+  the warm-up; ``turn_extra()`` adds fields to each turn's reply."""
+  setup_s = time.perf_counter() - t0 - (compile_s if isinstance(
+      compile_s, float) else 0.0)
+  t = time.perf_counter()
+  out = step()  # first call: compiles, plans, creates oneDNN primitives
+  compile_s = time.perf_counter() - t if compile_s == "first" else compile_s
+  for _ in range(spec["warmup"]):
+    step()
+  if settle:
+    settle()
+  out = out.detach().float().numpy() if hasattr(out, "detach") else out
   _send({"ready": True, "setup_s": setup_s, "compile_s": compile_s,
-         "check": check, "info": info})
+         "check": np.asarray(out, np.float64).ravel()[:4000].tolist(),
+         "info": dict(info, pid=os.getpid(), isa_env={
+             k: os.environ[k] for k in ISA_ENV if k in os.environ})})
   try:  # bounds a long child's kept heap (vit_jax/train/host_memory.py)
     from vit_jax.train.host_memory import HeapGuard, MALLOC_ENV  # pylint: disable=import-outside-toplevel
     kept = all(os.environ.get(k) == v for k, v in MALLOC_ENV.items())
@@ -136,45 +149,39 @@ def _serve(step, check, info, setup_s, compile_s, turn_extra=None):
     msg = json.loads(line)
     if msg["cmd"] == "quit":
       return
-    if msg["cmd"] == "run":
-      times = []
-      cnt0 = _counters()
-      cpu0, wall0 = _cpu_seconds(), time.perf_counter()
-      for _ in range(int(msg["iters"])):
-        t = time.perf_counter()
-        step()
-        times.append(time.perf_counter() - t)
-      wall = time.perf_counter() - wall0
-      cpu = _cpu_seconds() - cpu0
-      cnt = {k: v - cnt0[k] for k, v in _counters().items()}
-      _send(dict(cnt, wall_s=wall, cpu_s=cpu, step_s=times,
-                 trimmed_before=trimmed, **(turn_extra() if turn_extra
-                                            else {})))
-      # Between turns, never inside a timed one; the next turn's reply says
-      # whether it started on a trimmed heap (its pages to fault in again).
-      trimmed = bool(heap.step()) if heap is not None else False
+    times, cnt0, wall0 = [], _counters(), time.perf_counter()
+    for _ in range(int(msg["iters"])):
+      t = time.perf_counter()
+      step()
+      times.append(time.perf_counter() - t)
+    wall = time.perf_counter() - wall0
+    _send(dict({k: v - cnt0[k] for k, v in _counters().items()}, wall_s=wall,
+               step_s=times, trimmed_before=trimmed,
+               **(turn_extra() if turn_extra else {})))
+    # Between turns, never inside a timed one; the next reply says whether
+    # it started on a trimmed heap (its pages to fault in again).
+    trimmed = bool(heap.step()) if heap is not None else False
 
 
-# --------------------------------------------------------------------------- #
-# torch
-# --------------------------------------------------------------------------- #
+# torch.
 
 
-def torch_main(spec):
-  t0 = time.perf_counter()
+def _torch_model(spec):
+  """torchvision's ViT (or timm's model by name), seeded, its head given
+  weights (torchvision zero-initialises it) so the logits mean something;
+  the weights saved to ``weights_out`` for the JAX side."""
   import torch  # pylint: disable=import-outside-toplevel
-  import torchvision  # pylint: disable=import-outside-toplevel
-
-  if spec.get("threads"):
-    torch.set_num_threads(int(spec["threads"]))
   torch.manual_seed(spec["seed"])
-  if spec.get("timm"):  # timm's own model of a family (bench/families.py)
+  if spec.get("timm"):
     import timm  # pylint: disable=import-outside-toplevel
     model = timm.create_model(spec["name"], pretrained=False,
                               num_classes=spec["num_classes"],
-                              img_size=spec["image_size"])
+                              img_size=spec["image_size"],
+                              **({"depth": spec["layers"]} if spec.get(
+                                  "layers") else {}))
     head = model.get_classifier()
   else:
+    import torchvision  # pylint: disable=import-outside-toplevel
     v = spec["variant"]
     model = torchvision.models.VisionTransformer(
         image_size=spec["image_size"], patch_size=v["patch_size"],
@@ -182,34 +189,35 @@ def torch_main(spec):
         hidden_dim=v["hidden_size"], mlp_dim=v["mlp_dim"],
         num_classes=spec["num_classes"])
     head = model.heads.head
-  # torchvision zero-initialises the head (timm scales it down); give it
-  # weights so that the logits of the two frameworks can be compared
-  # meaningfully.
   with torch.no_grad():
     head.weight.normal_(0.0, 0.02)
   if spec.get("weights_out"):
-    np.savez(spec["weights_out"],
-             **{k: t.detach().cpu().numpy()
-                for k, t in model.state_dict().items()})
+    np.savez(spec["weights_out"], **{k: t.detach().cpu().numpy()
+                                     for k, t in model.state_dict().items()})
+  return model
 
+
+def weights_main(spec):
+  _torch_model(spec)
+  return {"weights_out": spec["weights_out"]}
+
+
+def torch_main(spec):
+  t0 = time.perf_counter()
+  import torch  # pylint: disable=import-outside-toplevel
+  model = _torch_model(spec)
   images, labels = _inputs(spec)
   x = torch.from_numpy(images.transpose(0, 3, 1, 2).copy())  # NCHW
   y = torch.from_numpy(labels)
   bf16 = spec["dtype"] == "bfloat16"
   autocast = lambda: torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16)
-  fwd = model
-  if spec.get("torch_compile"):
-    fwd = torch.compile(model)
-
+  fwd = torch.compile(model) if spec.get("torch_compile") else model
   if spec["mode"] == "infer":
     model.eval()
 
     def step():
       with torch.inference_mode(), autocast():
         return fwd(x)
-
-    def first():
-      return step().float().numpy()
   else:
     model.train()
     opt = torch.optim.AdamW(model.parameters(), lr=spec["lr"],
@@ -222,26 +230,35 @@ def torch_main(spec):
       loss.backward()
       opt.step()
       return loss
-
-    def first():
-      return [float(step().detach())]
-
-  setup_s = time.perf_counter() - t0
-  t = time.perf_counter()
-  check = first()  # first call: oneDNN primitive creation / torch.compile
-  compile_s = time.perf_counter() - t
-  for _ in range(spec["warmup"]):
-    step()
-  check = np.asarray(check, np.float64).ravel()[:spec["check_size"]].tolist()
-  info = {"threads": torch.get_num_threads(), "torch": torch.__version__,
-          "compiled": bool(spec.get("torch_compile"))}
-  _serve(step, check, info, setup_s, compile_s if spec.get("torch_compile")
-         else None)
+  _serve(spec, step, {"threads": torch.get_num_threads(),
+                      "torch": torch.__version__}, t0,
+         "first" if spec.get("torch_compile") else None)
 
 
-# --------------------------------------------------------------------------- #
-# JAX
-# --------------------------------------------------------------------------- #
+# JAX.
+
+
+def _overrides(spec):
+  import jax.numpy as jnp  # pylint: disable=import-outside-toplevel
+  out = dict(spec.get("model_overrides") or {})
+  if spec["dtype"] == "bfloat16":
+    out.setdefault("dtype", "bfloat16")
+  for k in ("dtype", "param_dtype"):
+    if isinstance(out.get(k), str):
+      out[k] = jnp.dtype(out[k])
+  return out
+
+
+def _jax_model(spec, **overrides):
+  """Our model with the torch side's weights (``weights_in``)."""
+  with np.load(spec["weights_in"]) as f:
+    state_dict = {k: f[k] for k in f.files}
+  if spec.get("timm"):
+    from vit_jax import formats  # pylint: disable=import-outside-toplevel
+    return formats.from_timm(state_dict, spec["name"], **overrides)
+  from vit_jax import convert  # pylint: disable=import-outside-toplevel
+  return convert.from_torchvision(state_dict, spec["name"], **dict(
+      {"num_layers": spec["variant"]["num_layers"]}, **overrides))
 
 
 def jax_main(spec):
@@ -249,120 +266,170 @@ def jax_main(spec):
   import jax  # pylint: disable=import-outside-toplevel
   import jax.numpy as jnp  # pylint: disable=import-outside-toplevel
   import vit_jax  # pylint: disable=import-outside-toplevel
-  ynnpack = ynnpack_isa.apply_from_environment()  # --isa avx2
-  from vit_jax import convert  # pylint: disable=import-outside-toplevel
-
-  overrides = dict(spec.get("model_overrides") or {})
-  if spec["dtype"] == "bfloat16":
-    overrides.setdefault("dtype", jnp.bfloat16)
-  for k in ("dtype", "param_dtype"):
-    if isinstance(overrides.get(k), str):
-      overrides[k] = jnp.dtype(overrides[k])
-
-  with np.load(spec["weights_in"]) as f:
-    state_dict = {k: f[k] for k in f.files}
-  if spec.get("timm"):
-    from vit_jax import formats  # pylint: disable=import-outside-toplevel
-    model, variables = formats.from_timm(state_dict, spec["name"], **overrides)
-  else:
-    model, variables = convert.from_torchvision(state_dict, spec["name"],
-                                                **overrides)
+  from bench import steps  # pylint: disable=import-outside-toplevel
+  overrides = _overrides(spec)
+  model, variables = _jax_model(spec, **overrides)
   variables = jax.device_put(variables)
   images, labels = _inputs(spec)
-  x = jnp.asarray(images)
-  y = jnp.asarray(labels.astype(np.int32))
-
-  from bench import steps  # pylint: disable=import-outside-toplevel
-  release = lambda: None  # the step's temporaries freed (ReleaseWait)
-  if spec["mode"] == "infer":
-    fn = steps.make_infer_step(model)
-    t = time.perf_counter()
-    compiled = fn.lower(variables, x).compile()
-    compile_s = time.perf_counter() - t
-
-    def step():
-      out = compiled(variables, x).block_until_ready()
-      release()
-      return out
-
-    def first():
-      return np.asarray(step(), np.float32)
-  else:
-    tx = steps.adamw(spec["lr"], spec["weight_decay"])
-    params = variables["params"]
-    state = [params, tx.init(params)]
-    fn = steps.make_train_step(model, tx, donate=spec.get("donate", True))
-    t = time.perf_counter()
-    compiled = fn.lower(*state, x, y).compile()
-    compile_s = time.perf_counter() - t
-
-    def step():
-      state[0], state[1], loss = compiled(state[0], state[1], x, y)
-      jax.block_until_ready(state)
-      loss = loss.block_until_ready()
-      release()
-      return loss
-
-    def first():
-      return [float(step())]
-
+  x, y = jnp.asarray(images), jnp.asarray(labels.astype(np.int32))
+  tx = steps.adamw(spec["lr"], spec["weight_decay"])
+  t = time.perf_counter()
+  compiled = steps.lower(model, spec["mode"], variables, x, y, tx,
+                         donate=spec.get("donate", True)).compile()
+  run = steps.runner(compiled, spec["mode"], variables, x, y, tx)
+  compile_s = time.perf_counter() - t
   mem = steps.peak_bytes(compiled)
-  setup_s = time.perf_counter() - t0 - compile_s
-  check = first()
-  for _ in range(spec["warmup"]):
-    step()
-  if spec.get("release_wait", True):
-    release = ReleaseWait(mem["temp"])
-    release.settle()
-  check = np.asarray(check, np.float64).ravel()[:spec["check_size"]].tolist()
-  info = {"jax": jax.__version__, "devices": str(jax.devices()),
-          "xla_flags": os.environ.get("XLA_FLAGS", ""),
-          "overrides": {k: str(v) for k, v in overrides.items()},
-          # which checkout ran (ab.py's src=)
-          "vit_jax": os.path.dirname(os.path.abspath(vit_jax.__file__))}
-  if ynnpack:
-    info["ynnpack_flags"] = {"before": ynnpack[0], "after": ynnpack[1]}
-  info["memory"] = mem
-  info["release_wait"] = getattr(release, "limit", None) is not None
-  last = [0.0, 0]
+  # Waits for XLA to free the step's temporaries (settled after warm-up).
+  wait = ReleaseWait(mem["temp"] if spec.get("release_wait", True) else 0)
+  step = lambda: (run(), wait())[0]
 
-  def turn_extra():
-    """Seconds this turn waited for the temporaries, and waits that gave
-    up after ``timeout_s``."""
-    now = [getattr(release, "waited_s", 0.0), getattr(release, "timeouts", 0)]
-    out = {"release_wait_s": now[0] - last[0],
-           "release_timeouts": now[1] - last[1]}
-    last[:] = now
+  def turn_extra():  # this turn's wait for the temporaries
+    out = {"release_wait_s": wait.waited_s, "release_timeouts": wait.timeouts}
+    wait.waited_s, wait.timeouts = 0.0, 0
     return out
+  _serve(spec, step, {
+      "jax": jax.__version__, "devices": str(jax.devices()),
+      "xla_flags": os.environ.get("XLA_FLAGS", ""),
+      "overrides": {k: str(v) for k, v in overrides.items()},
+      # which checkout ran (ab.py's src=)
+      "vit_jax": os.path.dirname(os.path.abspath(vit_jax.__file__)),
+      "memory": mem, "release_wait": bool(wait._mallinfo2 and wait.temp_bytes
+                                             >= 2 ** 24)},  # pylint: disable=protected-access
+         t0, compile_s, turn_extra, wait.settle)
 
-  _serve(step, check, info, setup_s, compile_s, turn_extra)
+
+# Exported artifacts in their runtimes (python -m vit_jax.export's formats).
+FORMATS = {"stablehlo": "stablehlo", "savedmodel": "savedmodel",
+           "onnxruntime": "onnx"}
+
+
+def runtime_main(framework: str, spec):
+  """Setup: our model exported (dynamic batch) and loaded by its runtime;
+  a step: one call on the batch (already the runtime's own array type)."""
+  t0 = time.perf_counter()
+  if framework == "onnxruntime":  # the ONNX exporter needs torch
+    import torch  # noqa: F401  pylint: disable=import-outside-toplevel,unused-import
+  from vit_jax import export  # pylint: disable=import-outside-toplevel
+  fmt = FORMATS[framework]
+  folder = tempfile.mkdtemp(prefix=f"vit_bench_{fmt}_")
+  path = os.path.join(folder, "artifact" + {"stablehlo": ".shlo",
+                                            "onnx": ".onnx"}.get(fmt, ""))
+  t = time.perf_counter()
+  export.export(_jax_model(spec), fmt, path)
+  export_s = time.perf_counter() - t
+  images, _ = _inputs(spec)
+  if fmt == "stablehlo":
+    import jax  # pylint: disable=import-outside-toplevel
+    art, x = export.load_stablehlo(path), jax.device_put(images)
+    step = lambda: art(x).block_until_ready()
+    info = {"jax": jax.__version__}
+  elif fmt == "savedmodel":
+    import tensorflow as tf  # pylint: disable=import-outside-toplevel
+    serve = tf.saved_model.load(path).signatures["serving_default"]
+    x = tf.constant(images)
+    step = lambda: serve(images=x)["logits"].numpy()
+    info = {"tensorflow": tf.__version__}
+  else:
+    import onnxruntime as ort  # pylint: disable=import-outside-toplevel
+    sess = ort.InferenceSession(path, providers=["CPUExecutionProvider"])
+    step = lambda: sess.run(["logits"], {"images": images})[0]
+    info = {"onnxruntime": ort.__version__, "intra_op_threads":
+            sess.get_session_options().intra_op_num_threads}
+  _serve(spec, step, dict(info, export_s=export_s), t0)
+
+
+# One-shot kinds.
+
+
+def inprocess(spec):
+  """ab.py --in-process: each config's step lowered from shapes (timed, a
+  hash of its StableHLO), compiled (timed, XLA's memory analysis), then
+  stepped in rotation, one step at a time: each step's time and faults."""
+  import jax  # pylint: disable=import-outside-toplevel
+  import jax.numpy as jnp  # pylint: disable=import-outside-toplevel
+  from bench import steps  # pylint: disable=import-outside-toplevel
+  from vit_jax import models  # pylint: disable=import-outside-toplevel
+  if spec.get("src") and not models.__file__.startswith(spec["src"]):
+    raise RuntimeError(f"src={spec['src']}: imported {models.__file__}")
+  images, labels = _inputs(spec)
+  y = jnp.asarray(labels.astype(np.int32))
+  runs, info = {}, {}
+  for cfg in spec["configs"]:
+    jax.clear_caches()
+    model = models.get_model(spec["name"], num_classes=spec["num_classes"],
+                             **_overrides(dict(spec, **cfg)))
+    form = cfg.get("input") or "square"
+    x = jax.tree_util.tree_map(jnp.asarray, images if form == "square" else
+                               naflex_inputs(spec, form, model.patch_size))
+    tx = steps.adamw(spec["lr"], spec["weight_decay"])
+    t0 = time.perf_counter()
+    lowered = steps.lower(model, spec["mode"], jax.eval_shape(
+        lambda m=model: models.init_params(m, spec["image_size"])), x, y, tx,
+                          donate=cfg["donate"],
+                          compiler_options=cfg["compiler_options"] or None)
+    inf = info[cfg["label"]] = {"lower_s": time.perf_counter() - t0, "hash":
+                                hashlib.sha256(lowered.as_text().encode())
+                                .hexdigest()[:16]}
+    if spec.get("lower_only"):
+      continue
+    t0 = time.perf_counter()
+    compiled = lowered.compile()
+    inf.update(compile_s=time.perf_counter() - t0,
+               memory=steps.peak_bytes(compiled))
+    if spec["steps"]:
+      run = steps.runner(compiled, spec["mode"], jax.device_put(
+          steps.perturbed(models.init_params(model, spec["image_size"],
+                                             spec["seed"]), spec["seed"])),
+                         x, y, tx)
+      runs[cfg["label"]] = (run, ReleaseWait(inf["memory"]["temp"]))
+      inf["check"] = float(jnp.asarray(run(), jnp.float32).sum())
+  for run, release in runs.values():  # warm-up
+    for _ in range(spec["warmup"]):
+      run()
+    release.settle()
+  labels = list(runs)
+  times, faults = {k: [] for k in labels}, {k: [] for k in labels}
+  for i in range(spec["steps"]):
+    for k in labels[i % len(labels):] + labels[:i % len(labels)]:
+      f0, t0 = _counters()["minflt"], time.perf_counter()
+      runs[k][0]()
+      runs[k][1]()
+      times[k].append(time.perf_counter() - t0)
+      faults[k].append(_counters()["minflt"] - f0)
+  return {"times": times, "faults": faults, "info": info}
+
+
+def _gemm(spec):
+  from bench import machine  # pylint: disable=import-outside-toplevel
+  return machine.gemm_child(spec)
+
+
+def _ops(spec):
+  from bench import ops  # pylint: disable=import-outside-toplevel
+  return ops.child(spec)
+
+
+ONCE = {"weights": weights_main, "inprocess": inprocess, "gemm": _gemm,
+        "ops": _ops}
 
 
 def main():
-  framework, spec = sys.argv[1], json.loads(sys.argv[2])
-  if spec.get("src"):  # ab.py's src=: vit_jax from that checkout, so it
-    # goes on the path before anything imports vit_jax
-    sys.path.insert(0, spec["src"])
-  # TensorFlow's load-time INFO lines off the parent's screen, as in the
-  # CLIs (a runtime child imports it).
+  kind, spec = sys.argv[1], json.loads(sys.argv[2])
+  if spec.get("src"):  # ab.py's src=: vit_jax from that checkout, on the
+    sys.path.insert(0, spec["src"])  # path before anything imports it
   from vit_jax.data import console  # pylint: disable=import-outside-toplevel
-  console.quiet_native_logs()
-  # Results go to the parent on stdout; everything else (framework logs and
-  # warnings) to stderr.
-  real_stdout = sys.stdout
-  sys.stdout = sys.stderr
+  console.quiet_native_logs()  # TensorFlow's load-time INFO lines off
+  # Results go to the parent on stdout; framework logs and warnings to
+  # stderr.
+  real_stdout, sys.stdout = sys.stdout, sys.stderr
   global _send  # pylint: disable=global-statement
-
-  def _send_real(obj):
-    real_stdout.write(json.dumps(obj) + "\n")
-    real_stdout.flush()
-
-  _send = _send_real
-  if framework in ("stablehlo", "savedmodel", "onnxruntime"):
-    from bench import export_worker  # pylint: disable=import-outside-toplevel
-    export_worker.runtime_main(framework, spec, _serve, _inputs)
-    return
-  {"torch": torch_main, "jax": jax_main}[framework](spec)
+  _send = lambda obj: print(json.dumps(obj), file=real_stdout, flush=True)  # noqa: E731
+  if kind in ONCE:
+    _send(ONCE[kind](spec))
+  elif kind in FORMATS:
+    runtime_main(kind, spec)
+  else:
+    {"torch": torch_main, "jax": jax_main}[kind](spec)
 
 
 if __name__ == "__main__":

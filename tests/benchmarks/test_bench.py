@@ -1,9 +1,10 @@
-"""Smoke tests of the benchmark harness (bench/): it runs end to end and
-reports what it promises. Nothing here asserts a speed."""
+"""Smoke tests of bench/: every tool runs end to end at the smallest size
+that still checks its output, and reports what it promises. Nothing here
+asserts a speed."""
 
+import ast
 import json
 import os
-import platform
 import re
 import shutil
 import subprocess
@@ -13,17 +14,20 @@ import time
 import pytest
 
 from train_helpers import REPO  # noqa: E402
+from test_layout import _cycles  # noqa: E402
 sys.path.insert(0, REPO)
 
-from bench import ab, bench, flops, inprocess, machine, mlas_isa, worker, ynnpack_isa  # noqa: E402  pylint: disable=wrong-import-position
+from bench import ab, bench, flops, harness, machine, ops, worker  # noqa: E402  pylint: disable=wrong-import-position
 from vit_jax import models  # noqa: E402  pylint: disable=wrong-import-position
 
-TINY = ["--model", "vit_ti_16", "--image-size", "32", "--batch", "2",
-        "--rounds", "1", "--round-seconds", "0.05", "--warmup", "0",
-        "--max-retries", "0", "--no-gemm"]
-# The roofline measured, but small: a 256^3 GEMM and the tiny model's shapes.
-TINY_GEMM = [a for a in TINY if a != "--no-gemm"] + [
-    "--gemm-seconds", "0.05", "--gemm-square", "256"]
+RUN = ["--rounds", "1", "--round-seconds", "0.05", "--warmup", "0",
+       "--max-retries", "0"]
+# Two blocks: what every tool does is checked as well as with twelve.
+BASE = ["--model", "vit_ti_16", "--image-size", "32", "--batch", "2",
+        "--layers", "2"] + RUN
+TINY = BASE + ["--no-gemm"]
+# The roofline measured, but small: a 128^3 GEMM and the tiny model's shapes.
+SMALL_GEMM = ["--gemm-seconds", "0.02", "--gemm-square", "128"]
 
 ZEN4 = """processor\t: 0
 vendor_id\t: AuthenticAMD
@@ -42,6 +46,39 @@ model\t\t: 143
 model name\t: Intel(R) Xeon(R) Platinum 8488C
 flags\t\t: avx2 avx512f avx512_bf16 avx512_vnni amx_bf16 amx_tile amx_int8
 """
+
+
+def test_no_import_cycle_outside_tests():
+  """The import graph of every module outside tests/ (bench/, vit_jax/,
+  configs/, the scripts; function-level imports included) has no cycle."""
+  mods = {}
+  for root, dirs, files in os.walk(REPO):
+    dirs[:] = [d for d in dirs if not d.startswith((".", "__")) and
+               os.path.join(root, d) != os.path.join(REPO, "tests")]
+    for f in files:
+      if f.endswith(".py"):
+        rel = os.path.relpath(os.path.join(root, f), REPO)[:-3]
+        name = rel.replace(os.sep, ".").removesuffix(".__init__")
+        mods[name] = os.path.join(root, f)
+  longest = lambda n: n if n in mods or not n else longest(  # noqa: E731
+      n.rpartition(".")[0])
+  graph = {}
+  for name, path in mods.items():  # edges as tests/test_layout.py reads them
+    pkg = name if path.endswith("__init__.py") else name.rpartition(".")[0]
+    found = set()
+    for node in ast.walk(ast.parse(open(path, encoding="utf-8").read())):
+      if isinstance(node, ast.Import):
+        found |= {longest(a.name) for a in node.names}
+      elif isinstance(node, ast.ImportFrom):
+        base = node.module or ""
+        if node.level:
+          parts = pkg.split(".")[:len(pkg.split(".")) - node.level + 1]
+          base = ".".join(parts + ([base] if base else []))
+        found |= {f"{base}.{a.name}" if f"{base}.{a.name}" in mods else
+                  longest(base) for a in node.names}
+    graph[name] = found - {name, ""}
+  assert {"bench.harness", "bench.worker", "vit_jax.models"} <= set(graph)
+  assert _cycles(graph) == []
 
 
 def test_analytic_flops():
@@ -72,62 +109,34 @@ def test_cpuinfo_names_the_cpu_and_its_isa():
   spr = machine.parse_cpuinfo(SAPPHIRE_RAPIDS)
   assert spr["uarch"] == "Sapphire Rapids" and spr["isa"]["AMX-BF16"]
   assert "AMX yes" in machine.describe(spr)
-  # This machine: whatever it is, it is named.
-  here = machine.cpu_info()
+  here = machine.cpu_info()  # this machine, whatever it is, is named
   assert here["model_name"] and machine.describe(here).startswith("CPU: ")
 
 
-def test_gemm_rates_and_roofline():
-  pytest.importorskip("torch")
-  shapes = [(128, 64, 96)] + machine.model_gemm_shapes("vit_ti_16", 2, 32)
-  assert shapes[1:] == [(10, 192, 192), (10, 192, 768), (10, 768, 192)]
-  g = machine.measure_gemms(shapes, seconds=0.02)
-  kinds = {(r["framework"], r["dtype"]) for r in g["rates"]}
-  assert kinds == set(machine.GEMM_KINDS)
-  assert len(g["rates"]) == 4 * len(shapes)
-  assert all(r["gflops"] > 0 for r in g["rates"])
-  best = machine.roofline(g, "bfloat16")
-  assert best["gflops"] == max(r["gflops"] for r in g["rates"]
-                               if r["dtype"] == "bfloat16")
-  table = machine.format_gemms(g, "float32")
-  assert "torch bfloat16 (oneDNN)" in table and "roofline (float32)" in table
-  assert machine.percent_of(best["gflops"] / 2, best) == "50%"
-  assert machine.roofline(None, "float32") is None
+def _isa_env(monkeypatch):
+  """Lets machine.set_isa write the environment; restored afterwards."""
+  for k in machine.EMULATE_AVX2:
+    monkeypatch.setenv(k, "")
 
 
-@pytest.mark.parametrize("mode", ["infer", "train"])
-def test_bench_jax_vs_torch_json(mode, capsys):
-  pytest.importorskip("torch")
-  rec = bench.main((TINY_GEMM if mode == "infer" else TINY) +
-                   ["--mode", mode, "--json"])
-  out = json.loads(capsys.readouterr().out)
-  for key in ("jax_img_per_sec", "torch_img_per_sec", "ratio",
-              "cpu_time_ratio", "gflop_per_image", "jax_compile_s"):
-    assert key in out and out[key] is not None, key
-  assert out["jax_img_per_sec"] > 0 and out["torch_img_per_sec"] > 0
-  assert out["ratio"] > 0
-  assert out["ratio"] == rec["ratio"]
-  # Same weights and inputs on both sides.
-  assert out["check_max_abs_diff"] < (1e-3 if mode == "infer" else 1e-4)
-  first = out["details"]["rounds"][0]["jax"]
-  assert first["iters"] >= 1
-  # What explains a slow round is recorded with it: the hypervisor's steal,
-  # page faults per step (the first turn touches fresh memory), preemptions.
-  assert first["steal"] >= 0 and first["nivcsw_per_s"] >= 0
-  assert first["faults_per_step"] >= 0
-  assert isinstance(first["trimmed_before"], bool)
-  assert first["release_wait_ms"] >= 0 and first["release_timeouts"] == 0
-  table = bench.format_table(rec)
-  assert "vs torch" in table and "img/s" in table
-  # Every table names the CPU; with the GEMMs timed, the roofline column.
-  assert table.startswith("CPU: ") and out["machine"]["model_name"]
-  if mode == "infer":
-    assert out["gemm_peak_gflops"] > 0 and out["jax_pct_of_gemm_peak"] > 0
-    assert "% GEMM" in table and "roofline (float32)" in table
-    # Only the workload's dtype is timed (a bf16 GEMM on a CPU without bf16
-    # arithmetic takes up to a minute a call, and is no float32 workload's
-    # roofline).
-    assert {r["dtype"] for r in out["gemms"]["rates"]} == {"float32"}
+def test_isa_avx2_uses_documented_switches_and_says_emulated(monkeypatch):
+  """--isa avx2 sets only the switches the packages document, and the line
+  every table prints says what was real, what emulated, what not capped."""
+  _isa_env(monkeypatch)
+  assert machine.set_isa("native", machine.parse_cpuinfo(ZEN4)) == (
+      "ISA: native (AVX-512, real)")
+  line = machine.set_isa("avx2", machine.parse_cpuinfo(ZEN4))
+  assert line.startswith("ISA: AVX2 emulated on this AVX-512 CPU")
+  assert "documented switches only" in line and machine.NOT_CAPPED in line
+  assert "XLA_FLAGS=--xla_cpu_max_isa=AVX2" in line
+  assert "ATEN_CPU_CAPABILITY=avx2" in line and machine.EMULATION_CAVEAT in line
+  assert os.environ["XLA_FLAGS"] == "--xla_cpu_max_isa=AVX2"
+  assert os.environ["ATEN_CPU_CAPABILITY"] == "avx2"
+  no512 = machine.parse_cpuinfo(ZEN4.replace("avx512", "x"))
+  assert machine.set_isa("avx2", no512) == (
+      "ISA: AVX2 (real: this CPU has no AVX-512)")
+  with pytest.raises(ValueError, match="expected one of"):
+    machine.set_isa("avx512")
 
 
 def test_a_gemm_slower_than_its_budget_is_timed_once():
@@ -142,311 +151,238 @@ def test_a_gemm_slower_than_its_budget_is_timed_once():
   assert 0 < rate <= 20.0  # 1 GFLOP in one call of at least 0.05 s
 
 
-def test_bench_jax_only_with_options():
-  rec = bench.main(TINY + ["--no-torch", "--mode", "train",
+def test_machine_cli_names_the_cpu_and_times_every_gemm(capsys):
+  """bench/machine.py: the CPU, the ISA line, and the GEMM rates of both
+  frameworks in both dtypes, on a square GEMM and the model's shapes."""
+  pytest.importorskip("torch")
+  assert machine.model_gemm_shapes("vit_ti_16", 2, 32) == [
+      (10, 192, 192), (10, 192, 768), (10, 768, 192)]
+  res = machine.main(["--model", "vit_ti_16", "--batch", "2", "--image-size",
+                      "32", "--gemm-seconds", "0.01", "--gemm-square", "64"])
+  out = capsys.readouterr().out
+  assert out.startswith("CPU: ") and out.splitlines()[1].startswith("ISA: ")
+  g = res["gemms"]
+  assert {(r["framework"], r["dtype"]) for r in g["rates"]} == set(
+      machine.GEMM_KINDS)
+  assert len(g["rates"]) == 4 * 4 and all(r["gflops"] > 0 for r in g["rates"])
+  best = machine.roofline(g, "bfloat16")
+  assert best["gflops"] == max(r["gflops"] for r in g["rates"]
+                               if r["dtype"] == "bfloat16")
+  assert "torch bfloat16 (oneDNN)" in out
+  assert "roofline (float32)" in machine.format_gemms(g, "float32")
+  assert machine.percent_of(best["gflops"] / 2, best) == "50%"
+  assert machine.roofline(None, "float32") is None
+
+
+def test_bench_infer_against_torch_with_the_roofline(capsys):
+  pytest.importorskip("torch")
+  rec = bench.main(BASE + SMALL_GEMM + ["--json"])
+  out = json.loads(capsys.readouterr().out)
+  for key in ("jax_img_per_sec", "torch_img_per_sec", "ratio",
+              "cpu_time_ratio", "gflop_per_image", "jax_compile_s",
+              "gemm_peak_gflops", "jax_pct_of_gemm_peak"):
+    assert key in out and out[key] is not None and out[key] > 0, key
+  assert out["ratio"] == rec["ratio"] and out["tokens"] == 5
+  assert out["check_max_abs_diff"] < 1e-3  # the same weights and inputs
+  first = out["details"]["rounds"][0]["jax"]
+  # What explains a slow round is recorded with it.
+  assert first["iters"] >= 1 and first["steal"] >= 0
+  assert first["faults_per_step"] >= 0 and first["nivcsw_per_s"] >= 0
+  assert isinstance(first["trimmed_before"], bool)
+  assert first["release_wait_ms"] >= 0 and first["release_timeouts"] == 0
+  table = bench.format_table(rec)
+  assert table.startswith("CPU: ") and "vs jax" in table
+  assert "% GEMM" in table and "roofline (float32)" in table
+  # Only the workload's dtype is timed for the roofline.
+  assert {r["dtype"] for r in out["gemms"]["rates"]} == {"float32"}
+
+
+def test_bench_train_emulated_avx2_with_model_options(monkeypatch):
+  """A train step with JAX model options, --isa avx2: both children run
+  under the documented switches, and the record says it was emulated."""
+  pytest.importorskip("torch")
+  _isa_env(monkeypatch)
+  rec = bench.main(TINY + ["--mode", "train", "--isa", "avx2",
                            "--jax-opt", "scan_layers=true",
                            "--jax-opt", "remat_policy=dots"])
-  jx = rec["details"]["contestants"]["jax"]
-  assert jx["info"]["overrides"]["scan_layers"] == "True"
-  assert jx["info"]["memory"]["peak"] > 0
-  assert "torch_img_per_sec" not in rec
+  assert rec["isa"] == "avx2" and rec["isa_line"].startswith("ISA: AVX2")
+  c = rec["details"]["contestants"]
+  assert c["jax"]["info"]["overrides"]["scan_layers"] == "True"
+  assert c["jax"]["info"]["memory"]["peak"] > 0
+  assert "--xla_cpu_max_isa=AVX2" in c["jax"]["info"]["isa_env"]["XLA_FLAGS"]
+  assert c["torch"]["info"]["isa_env"]["ATEN_CPU_CAPABILITY"] == "avx2"
+  assert rec["check_max_abs_diff"] < 1e-4  # first-step losses
+  assert rec["jax_img_per_sec"] > 0 and rec["torch_img_per_sec"] > 0
 
 
-def test_ab_config_parsing():
+def test_bench_family_against_timm_and_a_sweep(capsys):
+  """A timm family (EVA-02: RoPE, SwiGLU) against timm's own model, and a
+  classic ViT against torchvision's, in one run of two points: each point's
+  table, then the sweep's."""
+  pytest.importorskip("timm")
+  recs = bench.main(["--model", "vit_ti_16", "eva02_tiny_patch14_224",
+                     "--image-size", "112", "--batch", "1", "--layers", "2",
+                     "--no-gemm"] + RUN)
+  ti, eva = recs
+  assert "torch_img_per_sec" in ti and "timm_img_per_sec" in eva
+  assert ti["tokens"] == 50 and eva["tokens"] is None
+  for r in recs:
+    assert r["jax_img_per_sec"] > 0 and r["ratio"] > 0
+    assert r["check_max_abs_diff"] < 1e-3, r["model"]
+  out = capsys.readouterr().out
+  sweep = out[out.rindex("model "):]
+  assert re.search(r"^vit_ti_16 +1 +112 +50 ", sweep, re.M)
+  assert re.search(r"^eva02_tiny_patch14_224 +1 +112 +- ", sweep, re.M)
+
+
+@pytest.mark.slow
+def test_bench_exported_runtimes(capfd):
+  """--peer stablehlo / savedmodel / onnxruntime: our model exported and
+  run by each runtime against jax.jit on the same weights, the runtime
+  children without TensorFlow's load-time INFO lines."""
+  rec = bench.main(TINY + ["--peer", "stablehlo", "--peer", "savedmodel",
+                           "--peer", "onnxruntime"])
+  c = rec["details"]["contestants"]
+  assert list(c) == ["jax", "stablehlo", "savedmodel", "onnxruntime"]
+  for lab in ("stablehlo", "savedmodel", "onnxruntime"):
+    assert c[lab]["img_per_sec"]["median"] > 0 and c[lab]["info"]["export_s"]
+    assert c[lab]["check_max_abs_diff"] < 1e-4, lab
+    assert rec[f"ratio_vs_{lab}" if lab != "stablehlo" else "ratio"] > 0
+  assert c["stablehlo"]["check_max_abs_diff"] == 0  # the same XLA program
+  with pytest.raises(SystemExit, match="inference, float32"):
+    bench.main(TINY + ["--mode", "train", "--peer", "onnxruntime"])
+  from vit_jax.data import console  # pylint: disable=import-outside-toplevel
+  err = capfd.readouterr().err.encode()
+  noise = [line for line in err.splitlines() if console.is_noise(line)]
+  assert not noise, noise[:3]
+
+
+def test_bench_and_ab_run_as_scripts():
+  for script in ("bench.py", "ab.py", "ops.py", "machine.py"):
+    p = subprocess.run([sys.executable, f"bench/{script}", "--help"],
+                       cwd=REPO, capture_output=True, text=True, check=True)
+    assert p.stdout.startswith("usage: ") and p.stderr == "", script
+
+
+def test_ab_config_parsing_and_what_in_process_refuses():
   c = ab.parse_config("x:flags=--xla_cpu_use_onednn=true;opt.scan_layers=true;"
-                      "donate=false;env.FOO=1")
+                      "donate=false;env.FOO=1;input=naflex")
   assert c.label == "x" and c.framework == "jax"
   assert c.xla_flags == "--xla_cpu_use_onednn=true"
   assert c.options["model_overrides"] == {"scan_layers": True}
   assert c.options["donate"] is False and c.env == {"FOO": "1"}
-  with pytest.raises(ValueError, match="unknown key"):
-    ab.parse_config("y:nonsense=1")
-
-
-def test_ab_runs_two_configs_side_by_side(capsys):
-  res = ab.main(["--model", "vit_ti_16", "--image-size", "32", "--batch", "2",
-                 "--rounds", "1", "--round-seconds", "0.05",
-                 "--max-retries", "0", "--gemm-seconds", "0.02",
-                 "--gemm-square", "128", "--config", "a:",
-                 "--config", "b:opt.scan_layers=true"])
-  out = capsys.readouterr().out
-  assert set(res["contestants"]) == {"a", "b"}
-  assert out.startswith("CPU: ") and "% GEMM" in out and "vs a" in out
-  # Only the workload's dtype is timed for the roofline.
-  assert {r["dtype"] for r in res["gemms"]["rates"]} == {"float32"}
-
-
-def test_ab_processes_repeats_each_config(capsys):
-  """--processes 2: each config in two child processes, and a summary of
-  each config's spread over them."""
+  assert c.options["input"] == "naflex"
+  for bad in ("y:nonsense=1", "y:input=round"):
+    with pytest.raises(ValueError, match="unknown key"):
+      ab.parse_config(bad)
+  assert ab.compile_options(
+      "--xla_a=true --xla_b=3 --xla_c=NAME --xla_d=False") == {
+          "xla_a": True, "xla_b": 3, "xla_c": "NAME", "xla_d": False}
+  with pytest.raises(ValueError, match="expected --xla_name=value"):
+    ab.compile_options("xla_a")
+  for bad in ("old:src=/tmp", "x:env.FOO=1"):
+    with pytest.raises(ValueError, match="need a process of their own"):
+      ab.inprocess_config(ab.parse_config(bad), {})
+  assert ab.inprocess_config(ab.parse_config("s:opt.scan_layers=true;"
+                                             "donate=false"), {"a": 1}) == {
+      "label": "s", "compiler_options": {}, "input": "square",
+      "model_overrides": {"a": 1, "scan_layers": True}, "donate": False}
   assert [c.label for c in ab.replicate(
-      [ab.parse_config("a:"), ab.parse_config("b:opt.scan_layers=true")],
-      2)] == ["a", "a/2", "b", "b/2"]
+      [ab.parse_config("a:"), ab.parse_config("b:")], 2)] == [
+          "a", "a/2", "b", "b/2"]
   with pytest.raises(ValueError, match="expected 1 or more"):
     ab.replicate([ab.parse_config("a:")], 0)
-  res = ab.main(["--model", "vit_ti_16", "--image-size", "32", "--batch", "1",
-                 "--rounds", "1", "--round-seconds", "0.05",
-                 "--max-retries", "0", "--no-gemm", "--processes", "2",
-                 "--config", "a:", "--config", "b:"])
-  out = capsys.readouterr().out
-  assert set(res["contestants"]) == {"a", "a/2", "b", "b/2"}
-  # four child processes, not one answering under four labels
-  assert len({c["info"]["pid"] for c in res["contestants"].values()}) == 4
-  assert "per config over its 2 processes" in out
-  assert re.search(r"^b +img/s .* vs a \d\.\d{3}x \[", out, re.M)
 
 
-def test_machine_cli_names_the_cpu_the_isa_and_the_gemm_rates(capsys):
-  """bench/machine.py alone: the CPU, the ISA line and the GEMM table."""
-  res = machine.main(["--gemm-seconds", "0.02", "--gemm-square", "64",
-                      "--isa", "native"])
-  out = capsys.readouterr().out.splitlines()
-  assert out[0].startswith("CPU: ") and out[1].startswith("ISA: native")
-  assert any(r["framework"] == "jax" and r["gflops"] > 0
-             for r in res["gemms"]["rates"])
-
-
-def test_memory_and_compile_time_scripts_run():
-  from bench import compile_time, memory  # pylint: disable=import-outside-toplevel
-  m = memory.measure("vit_ti_16", 2, 32, "none")
-  r = memory.measure("vit_ti_16", 2, 32, "full")
-  assert m["peak"] > 0 and r["temp"] <= m["temp"]
-  t = compile_time.measure("vit_ti_16", 1, True, 2, 32)
-  assert t["total_s"] > 0
-
-
-def test_bench_cli_help_runs_as_a_script():
-  out = subprocess.run([sys.executable, "bench/bench.py", "--help"], cwd=REPO,
-                       capture_output=True, text=True, check=True).stdout
-  assert "--json" in out and "--mode" in out
-
-
-def test_scaling_writes_table_png_and_json(tmp_path, monkeypatch, capsys):
-  pytest.importorskip("matplotlib")
-  from bench import scaling  # pylint: disable=import-outside-toplevel
-  tiny = dict(name="vit_ti_16", image_size=32)
-  monkeypatch.setattr(scaling, "SWEEPS", {
-      "batch": [dict(tiny, batch=2)],
-      "resolution": [dict(tiny, batch=1), dict(tiny, batch=1, image_size=48)],
-      "model": [dict(tiny, batch=1)]})
-  png, js = tmp_path / "s.png", tmp_path / "s.json"
-  res = scaling.main(["--rounds", "1", "--round-seconds", "0.05", "--no-torch",
-                      "--png", str(png), "--json-out", str(js),
-                      "--gemm-seconds", "0.02", "--gemm-square", "128"])
-  assert png.stat().st_size > 1000
-  assert json.loads(js.read_text()).keys() == res.keys()
-  r = res["resolution"]
-  assert r[1]["tokens"] == 10 and r[1]["attention_fraction"] > r[0][
-      "attention_fraction"]
-  out = capsys.readouterr().out
-  assert "jax ms/img if ~FLOPs" in out
-  assert out.startswith("CPU: ") and "% GEMM" in out
-  assert out.splitlines()[1].startswith("ISA: native")  # real or emulated
-  assert res["machine"]["gemms"]["rates"]
-
-
-@pytest.mark.slow
-def test_families_bench_smoke():
-  """bench/families.py: timm's EVA-02-T (RoPE, SwiGLU) against ours on the
-  same weights, end to end (no speed asserted; the logits agree)."""
-  from bench import families  # pylint: disable=import-outside-toplevel
-  res = families.main([
-      "--model", "eva02_tiny_patch14_224", "--image-size", "28", "--batch",
-      "2", "--rounds", "1", "--round-seconds", "0.05", "--warmup", "0",
-      "--max-retries", "0"])
-  c = res["eva02_tiny_patch14_224"]["contestants"]
-  assert c["jax"]["img_per_sec"]["median"] > 0
-  assert c["timm"]["img_per_sec"]["median"] > 0
-  assert c["jax"]["check_max_abs_diff"] < 1e-4
-  table = families.format_table(res)
-  assert "eva02_tiny_patch14_224" in table
-  assert table.splitlines()[1].startswith("ISA: native")  # real or emulated
-
-
-def test_same_graph_compares_lowered_programs(capsys):
-  """bench/same_graph.py: a checkout against itself is the same program."""
-  from bench import same_graph  # pylint: disable=import-outside-toplevel
-  assert same_graph.main([REPO, REPO, "--model", "vit_ti_16", "--batch", "1",
-                          "--image-size", "32", "--quick"]) == 0
-  out = capsys.readouterr().out
-  assert out.count("==") == 2 and "same program" in out
-
-
-def test_isa_avx2_caps_both_frameworks_and_says_so():
-  """--isa avx2 (in a child process: it sets the run's environment) caps
-  JAX and torch at AVX2 and the table names what was real and emulated."""
-  import subprocess  # pylint: disable=import-outside-toplevel
-  p = subprocess.run(
-      [sys.executable, os.path.join(REPO, "bench", "bench.py")] + TINY +
-      ["--isa", "avx2", "--json"], cwd=REPO, capture_output=True, text=True,
-      timeout=600)
-  assert p.returncode == 0, p.stderr[-3000:]
-  rec = json.loads(p.stdout.strip().splitlines()[-1])
-  has512 = machine.cpu_info()["isa"].get("AVX-512")
-  assert rec["isa"] == "avx2"
-  assert ("emulated on this AVX-512 CPU" in rec["isa_line"]) == bool(has512)
-  # An emulated table says that the cores are still the AVX-512 CPU's.
-  assert (machine.EMULATION_CAVEAT in rec["isa_line"]) == bool(has512)
-  assert rec["isa_line"] in p.stderr  # the table printed with the result
-  got = {c: v["info"]["isa_env"] for c, v in
-         rec["details"]["contestants"].items()}
-  assert "--xla_cpu_max_isa=AVX2" in got["jax"]["XLA_FLAGS"]
-  assert got["torch"]["ATEN_CPU_CAPABILITY"] == "avx2"
-  assert got["torch"]["ONEDNN_MAX_CPU_ISA"] == "AVX2"
-  # JAX's GEMM libraries ignore --xla_cpu_max_isa: oneDNN (under XLA's Eigen
-  # dots) is capped by its variable, YNNPACK by bench/ynnpack_isa.py.
-  assert got["jax"]["ONEDNN_MAX_CPU_ISA"] == "AVX2"
-  flags = rec["details"]["contestants"]["jax"]["info"]["ynnpack_flags"]
-  assert flags["after"] == flags["before"] & ynnpack_isa.AVX2_FMA3_BITS
-  assert bool(flags["before"] & ynnpack_isa.AVX512F_BIT) == bool(has512)
-  assert not flags["after"] & ynnpack_isa.AVX512F_BIT
-  assert rec["jax_img_per_sec"] > 0 and rec["torch_img_per_sec"] > 0
-
-
-_YNN_PROBE = """
-import sys, numpy as np, jax, jax.numpy as jnp
-from bench import ynnpack_isa
-rs = np.random.RandomState(0)
-a = rs.standard_normal((256, 384)).astype(np.float32)
-b = rs.standard_normal((384, 512)).astype(np.float32)
-print(ynnpack_isa.apply_from_environment())
-got = np.asarray(jax.jit(jnp.matmul)(a, b), np.float64)
-want = a.astype(np.float64) @ b.astype(np.float64)
-print(float(np.abs(got - want).max() / np.abs(want).max()))
-"""
-
-
-def test_ynnpack_cap_changes_its_kernels_not_its_results():
-  """bench/ynnpack_isa.py: with $VIT_JAX_BENCH_YNNPACK_ISA=avx2 a child
-  clears YNNPACK's AVX-512 flags before compiling, and its GEMMs still give
-  the right numbers; any other value is refused."""
-  env = dict(os.environ, PYTHONPATH=REPO, JAX_PLATFORMS="cpu")
-  env[ynnpack_isa.ENV] = "avx2"
-  p = subprocess.run([sys.executable, "-c", _YNN_PROBE], cwd=REPO, env=env,
-                     capture_output=True, text=True, timeout=300)
-  assert p.returncode == 0, p.stderr[-3000:]
-  flags, err = p.stdout.strip().splitlines()[-2:]
-  before, after = (int(v) for v in flags.strip("()").split(","))
-  assert after == before & ynnpack_isa.AVX2_FMA3_BITS and after
-  assert float(err) < 1e-5
-  env[ynnpack_isa.ENV] = "avx512"
-  p = subprocess.run([sys.executable, "-c", _YNN_PROBE], cwd=REPO, env=env,
-                     capture_output=True, text=True, timeout=300)
-  assert p.returncode != 0 and "expected 'avx2' or unset" in p.stderr
-
-
-_MLAS_PROBE = """
-import sys, numpy as np
-from bench import mlas_isa
-print(mlas_isa.apply_from_environment())
-import onnx, onnxruntime as ort
-from onnx import TensorProto, helper, numpy_helper
-rs = np.random.RandomState(0)
-a = rs.standard_normal((64, 96)).astype(np.float32)
-b = rs.standard_normal((96, 80)).astype(np.float32)
-g = helper.make_graph(
-    [helper.make_node("MatMul", ["a", "b"], ["c"])], "g",
-    [helper.make_tensor_value_info("a", TensorProto.FLOAT, [64, 96])],
-    [helper.make_tensor_value_info("c", TensorProto.FLOAT, [64, 80])],
-    initializer=[numpy_helper.from_array(b, "b")])
-m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
-m.ir_version = 8
-s = ort.InferenceSession(m.SerializeToString(),
-                         providers=["CPUExecutionProvider"])
-got = s.run(None, {"a": a})[0].astype(np.float64)
-want = a.astype(np.float64) @ b.astype(np.float64)
-print(ort.__file__)
-print(float(np.abs(got - want).max() / np.abs(want).max()))
-"""
-
-
-@pytest.mark.skipif(platform.machine() != "x86_64", reason="x86-64 code")
-def test_mlas_cap_patches_a_copy_and_keeps_its_results(tmp_path):
-  """bench/mlas_isa.py: the AVX-512 gate of onnxruntime's MLAS and its
-  CPUIDInfo checks are found exactly where expected and switched off in a
-  copy of the package (the installed one untouched); a child with
-  $VIT_JAX_BENCH_MLAS_ISA=avx2 imports the copy and multiplies right; code
-  it does not know is refused, any other value too."""
-  ext = mlas_isa._extension(mlas_isa._installed_package())  # pylint: disable=protected-access
-  with open(ext, "rb") as f:
-    original = f.read()
-  data = bytearray(original)
-  changes = mlas_isa.patch(data)
-  assert changes[0].startswith("MLAS AVX-512F gate") and len(changes) == 3
-  diff = [i for i, (x, y) in enumerate(zip(original, data)) if x != y]
-  # one byte each: 0x00010000 -> 0, then 0xE6 -> 0xE7
-  assert len(diff) == len(changes) and original[diff[0]] == 0x01
-  assert all(original[i] == 0xE6 and data[i] == 0xE7 for i in diff[1:])
-  broken = bytearray(original)
-  broken[diff[0]] = 0x02  # test reg, 0x20000: not the gate any more
-  with pytest.raises(ValueError, match="AVX-512F gate .* found 0 times"):
-    mlas_isa.patch(broken)
-
-  assert machine.EMULATE_AVX2[mlas_isa.ENV] == "avx2"  # --isa avx2 sets it
-  env = dict(os.environ, PYTHONPATH=REPO, XDG_CACHE_HOME=str(tmp_path))
-  env[mlas_isa.ENV] = "avx2"
-  made = None
-  for _ in range(2):  # made, then reused
-    p = subprocess.run([sys.executable, "-c", _MLAS_PROBE], cwd=REPO, env=env,
-                       capture_output=True, text=True, timeout=300)
-    assert p.returncode == 0, p.stderr[-3000:]
-    root, where, err = p.stdout.strip().splitlines()[-3:]
-    assert root.startswith(str(tmp_path / "vit_jax_bench" / "mlas_avx2"))
-    assert where.startswith(root) and float(err) < 1e-5
-    stamp = os.stat(os.path.join(root, "PATCHED.txt")).st_mtime_ns
-    assert made in (None, stamp)  # the second child reused the copy
-    made = stamp
-    assert os.listdir(os.path.dirname(root)) == [os.path.basename(root)]
-    with open(os.path.join(root, "PATCHED.txt"), encoding="utf-8") as f:
-      assert f.read().splitlines()[1:] == changes
-  with open(ext, "rb") as f:
-    assert f.read() == original
-  env[mlas_isa.ENV] = "avx512"
-  p = subprocess.run([sys.executable, "-c", _MLAS_PROBE], cwd=REPO, env=env,
-                     capture_output=True, text=True, timeout=300)
-  assert p.returncode != 0 and "expected 'avx2' or unset" in p.stderr
-
-
-def test_ab_src_runs_the_other_checkout(tmp_path, capsys):
-  """ab.py's src=PATH: the JAX worker imports vit_jax from PATH."""
+def test_ab_processes_and_another_checkout(tmp_path, capsys):
+  """Two configs in two processes each, one from another checkout (src=):
+  four children, each config's spread over its processes, the roofline."""
   other = tmp_path / "checkout"
   shutil.copytree(os.path.join(REPO, "vit_jax"), other / "vit_jax",
                   ignore=shutil.ignore_patterns("__pycache__"))
   res = ab.main(["--model", "vit_ti_16", "--image-size", "32", "--batch", "1",
-                 "--rounds", "1", "--round-seconds", "0.05",
-                 "--max-retries", "0", "--gemm-seconds", "0.02",
-                 "--gemm-square", "128", "--config", "here:",
-                 "--config", f"there:src={other}"])
-  capsys.readouterr()
-  got = {c: v["info"]["vit_jax"] for c, v in res["contestants"].items()}
-  assert got["here"] == os.path.join(REPO, "vit_jax")
-  assert got["there"] == str(other / "vit_jax")
-
-
-def test_naflex_bench_smoke(capsys):
-  """bench/naflex.py: a NaFlex batch against a square one of the same token
-  count, the CPU named, one compilation per sequence length drawn."""
-  from bench import naflex as naflex_bench  # pylint: disable=import-outside-toplevel
-  assert naflex_bench.main([
-      "--mode", "infer", "--mode", "train", "--width", "64", "--depth", "1",
-      "--heads", "2", "--image-size", "64", "--batch", "3", "--rounds", "1",
-      "--steps", "1", "--seq-lens", "8,16", "--run-steps", "4"]) == 0
+                 "--processes", "2", "--jax-opt", "num_layers=2",
+                 "--config", "here:",
+                 "--config", f"there:src={other};opt.scan_layers=true"]
+                + RUN + SMALL_GEMM)
   out = capsys.readouterr().out
-  assert out.startswith("CPU: ")
-  for mode in ("infer", "train"):
-    for row in ("square", "naflex_square", "naflex"):
-      assert re.search(rf"^{mode} +{row} ", out, re.M), (mode, row, out)
-  m = re.search(r"\(drew \[([\d, ]+)\]\): (\d+) compilations", out)
-  assert m and int(m.group(2)) == len(m.group(1).split(",")), out
+  c = res["contestants"]
+  assert set(c) == {"here", "here/2", "there", "there/2"}
+  assert len({v["info"]["pid"] for v in c.values()}) == 4
+  assert c["here/2"]["info"]["vit_jax"] == os.path.join(REPO, "vit_jax")
+  assert c["there"]["info"]["vit_jax"] == str(other / "vit_jax")
+  assert out.startswith("CPU: ") and "% GEMM" in out and "vs here" in out
+  assert "per config over its 2 processes" in out
+  assert re.search(r"^there +img/s .* vs here \d\.\d{3}x \[", out, re.M)
+  assert re.search(r"^there/2 +\d+\.\d\d .* \d\.\d{3}x \[", out, re.M)
+  assert {r["dtype"] for r in res["gemms"]["rates"]} == {"float32"}
+
+
+def test_ab_in_process_steps_every_config_in_rotation(capsys):
+  """--in-process: one child compiles each configuration (here a compile
+  option with a model option) and steps them in rotation; compile time,
+  memory, median step time and the ratio to the first."""
+  res = ab.main(["--model", "vit_ti_16", "--batch", "2", "--image-size", "32",
+                 "--mode", "train", "--in-process", "--steps", "3",
+                 "--warmup", "1", "--jax-opt", "num_layers=2",
+                 "--config", "base:", "--config", "memopt:flags=--xla_cpu_"
+                 "scheduler_type=CPU_SCHEDULER_TYPE_MEMORY_OPTIMIZED;"
+                 "opt.remat_policy=full"])
+  table = capsys.readouterr().out
+  assert table.startswith("CPU: ") and "one process" in table
+  summ, info = res["summary"], res["info"]
+  assert list(summ) == ["base", "memopt"]
+  assert summ["base"]["time_ratio"] == 1.0 and summ["memopt"]["time_ratio"]
+  for k, c in summ.items():
+    assert c["steps"] == 3 and 0 <= c["faulted"] <= 3
+    assert info[k]["lower_s"] > 0 and info[k]["compile_s"] > 0
+    assert info[k]["memory"]["peak"] >= info[k]["memory"]["temp"] > 0
+  # The same weights and batch in every configuration: the same first loss.
+  assert abs(info["base"]["check"] - info["memopt"]["check"]) < 1e-4
+  assert re.search(r"^memopt +\d+\.\d\d +\d+\.\d\d +\d+ +\d+ +\d+\.\d ", table,
+                   re.M), table
+
+
+def test_ab_in_process_compiles_naflex_inputs_only(capsys):
+  """--steps 0: compile time and memory, nothing run; a NaFlex model's three
+  input forms of one token count (input=)."""
+  res = ab.main(["--model", "vit_ti_16", "--batch", "3", "--image-size", "32",
+                 "--in-process", "--steps", "0",
+                 "--jax-opt", "num_layers=1", "--jax-opt", "naflex=bilinear_aa",
+                 "--jax-opt", "naflex_grid=[2,2]", "--jax-opt",
+                 "classifier=map", "--config", "square:input=square",
+                 "--config", "dict:input=naflex_square",
+                 "--config", "naflex:input=naflex"])
+  out = capsys.readouterr().out
+  assert "summary" not in res and "ms/step" not in out
+  for k in ("square", "dict", "naflex"):
+    assert res["info"][k]["memory"]["peak"] > 0 and res["info"][k]["lower_s"]
+    assert re.search(rf"^{k} +\d+\.\d\d +\d+\.\d\d ", out, re.M)
+  nf = worker.naflex_inputs(dict(seed=0, batch=8, image_size=32), "naflex", 8)
+  assert nf["patches"].shape == (8, 16, 192)  # padded to (32 / 8)^2 tokens
+  assert 0 < nf["patch_valid"].sum(1).min() < 16 == nf["patch_valid"].sum(
+      1).max()
+
+
+def test_ab_same_graph_compares_lowered_programs(capsys):
+  """--same-graph: a checkout against itself is the same program, another
+  model option another program."""
+  got = ab.main(["--model", "vit_ti_16", "--batch", "1", "--image-size", "32",
+                 "--mode", "train", "--jax-opt", "num_layers=1",
+                 "--same-graph", "--config", f"a:src={REPO}",
+                 "--config", "b:", "--config", "c:opt.scan_layers=true"])
+  out = capsys.readouterr().out
+  assert got["a"] == got["b"] != got["c"] and len(got["a"]) == 16
+  assert re.search(rf"^  a +{got['a']}$", out, re.M)
+  assert out.rstrip().endswith("DIFFERENT programs")
 
 
 def test_ops_profile_groups_both_frameworks(capsys):
-  """bench/ops.py: the step of each framework profiled op by op and
-  grouped; every group the step must have is found in both (a grouping
-  that lost the GEMMs or the optimizer to 'other' would show here)."""
-  from bench import ops  # pylint: disable=import-outside-toplevel
+  """bench/ops.py: each framework's step profiled op by op and grouped;
+  every group the step must have is found in both."""
   res = ops.main(["--model", "vit_ti_16", "--batch", "2", "--image-size",
-                  "32", "--steps", "1", "--warmup", "1", "--top", "3"])
+                  "32", "--layers", "2", "--steps", "1", "--warmup", "1",
+                  "--top", "3"])
   out = capsys.readouterr().out
   assert out.startswith("CPU: ") and "ISA: " in out
   for fw in ("jax", "torch"):
@@ -455,22 +391,18 @@ def test_ops_profile_groups_both_frameworks(capsys):
                  "optimizer"):
       assert g.get(name, 0) > 0, (fw, name, g)
     assert set(g) <= set(ops.GROUPS)
-  # The groups account for the step: their sum is within a factor of the
-  # step's wall time (the thunks run on the step's threads).
+  # The groups account for the step (the thunks run on its threads).
   j = res["jax"]
   assert 0.3 < sum(j["groups"].values()) / j["wall_ms"] < 3
 
 
-@pytest.mark.slow
 def test_ops_ablation_replaces_each_group_in_both_frameworks(capsys):
-  """bench/ops.py --ablate: every group's stand-in takes effect in both
-  frameworks (the first step's loss changes with it: a stand-in that
-  replaced nothing would leave it), and each group's cost is the full step
-  minus the step without it, paired within a round."""
-  from bench import ops  # pylint: disable=import-outside-toplevel
+  """--ablate: every group's stand-in takes effect in both frameworks (the
+  first step's loss changes with it), and each group's cost is the full
+  step minus the step without it, paired within a round."""
   res = ops.main(["--model", "vit_ti_16", "--batch", "2", "--image-size",
-                  "32", "--steps", "1", "--warmup", "0", "--ablate",
-                  "--rounds", "1"])
+                  "32", "--layers", "2", "--steps", "1", "--warmup", "0",
+                  "--ablate", "--rounds", "2"])
   out = capsys.readouterr().out
   assert out.startswith("CPU: ") and "ISA: " in out
   for fw in ("jax", "torch"):
@@ -478,16 +410,18 @@ def test_ops_ablation_replaces_each_group_in_both_frameworks(capsys):
     for v in list(ops.ABLATIONS) + ["all"]:
       assert first[v] != first[""], (fw, v, first)
     for g in ops.ABLATIONS:
-      assert costs[g][0] == pytest.approx(walls[""][0] - walls[g][0])
-    assert costs["the rest"][0] == walls["all"][0] > 0
+      assert len(walls[g]) == 2
+      assert costs[g][1] == pytest.approx(
+          min(a - b for a, b in zip(walls[""], walls[g])))
+    assert costs["the rest"][1] == min(walls["all"]) > 0
   for row in list(ops.ABLATIONS) + ["the rest", "step"]:
     assert re.search(rf"^{re.escape(row)} ", out, re.M), (row, out)
 
 
 def test_release_wait_waits_until_the_block_is_freed():
-  """bench/worker.py's JAX step waits until XLA has freed the step's
-  temporaries (freed on another thread, after the result is ready) before
-  the next step; here a 64 MiB block freed by a timer thread."""
+  """The JAX step waits until XLA has freed the step's temporaries (freed
+  on another thread, after the result is ready) before the next step; here
+  a 64 MiB block freed by a timer thread."""
   import ctypes  # pylint: disable=import-outside-toplevel
   import threading  # pylint: disable=import-outside-toplevel
   libc = ctypes.CDLL("libc.so.6")
@@ -496,8 +430,7 @@ def test_release_wait_waits_until_the_block_is_freed():
   size = 64 * 2 ** 20
   wait = worker.ReleaseWait(size, timeout_s=2.0)
   wait.settle()
-  assert wait.limit is not None
-  assert wait.in_use() <= wait.limit  # nothing to wait for
+  assert wait.limit is not None and wait.in_use() <= wait.limit
   wait()
   assert wait.timeouts == 0
   block = libc.malloc(size)
@@ -514,69 +447,26 @@ def test_release_wait_waits_until_the_block_is_freed():
   short()
   libc.free(block)
   assert short.timeouts == 1
-  # Small temporaries: nothing to wait for.
-  small = worker.ReleaseWait(2 ** 20)
+  small = worker.ReleaseWait(2 ** 20)  # small temporaries: nothing to wait
   small.settle()
   assert small.limit is None
 
 
-def test_inprocess_ab_steps_every_config_in_one_process(capsys):
-  """bench/inprocess.py: one child compiles each configuration (a compile
-  option, a model option) and steps them in rotation; the table and the
-  record give each one's median step time and its ratio to the first."""
-  res = inprocess.main([
-      "--model", "vit_ti_16", "--batch", "2", "--image-size", "32",
-      "--steps", "3", "--warmup", "1", "--config", "base:",
-      "--config", "memopt:flags=--xla_cpu_scheduler_type="
-      "CPU_SCHEDULER_TYPE_MEMORY_OPTIMIZED",
-      "--config", "scan:opt.scan_layers=true"])
-  table = capsys.readouterr().out
-  assert table.startswith("CPU: ") and "one process" in table
-  summ = res["summary"]
-  assert list(summ) == ["base", "memopt", "scan"]
-  assert summ["base"]["time_ratio"] == 1.0
-  for c in summ.values():
-    assert c["steps"] == 3 and 0 <= c["faulted"] <= 3
-  # The same weights and batch in every configuration: the same first loss.
-  checks = [res["info"][k]["check"] for k in summ]
-  assert max(checks) - min(checks) < 1e-4, checks
-  assert all(res["info"][k]["memory"]["temp"] > 0 for k in summ)
-
-
-def test_inprocess_ab_options_and_what_it_refuses():
-  assert inprocess.compile_options(
-      "--xla_a=true --xla_b=3 --xla_c=NAME --xla_d=False") == {
-          "xla_a": True, "xla_b": 3, "xla_c": "NAME", "xla_d": False}
-  with pytest.raises(ValueError, match="expected --xla_name=value"):
-    inprocess.compile_options("xla_a")
-  with pytest.raises(ValueError, match="need a process of their own"):
-    inprocess.parse_config("old:src=/tmp")
-  with pytest.raises(ValueError, match="need a process of their own"):
-    inprocess.parse_config("x:env.FOO=1")
-  c = inprocess.parse_config("s:opt.scan_layers=true;donate=false")
-  assert c == {"label": "s", "compiler_options": {},
-               "model_overrides": {"scan_layers": True}, "donate": False}
-
-
 def test_each_child_runs_as_its_users_run_it(monkeypatch):
-  """The JAX child gets train.py's malloc settings; torch (or any other
+  """The JAX children get train.py's malloc settings; torch (or any other
   runtime) glibc's defaults: under the JAX settings torch's own bfloat16
   train step ran at 0.66x its speed, which flattered every ratio."""
-  from bench import harness  # pylint: disable=import-outside-toplevel
   from vit_jax.train import host_memory  # pylint: disable=import-outside-toplevel
-  for k in list(host_memory.MALLOC_ENV) + [host_memory.SWITCH]:
+  for k in list(host_memory.MALLOC_ENV) + [host_memory.SWITCH, "XLA_FLAGS"]:
     monkeypatch.delenv(k, raising=False)
-  envs = {}
-
-  class Popen:  # records the environment instead of starting a child
-    def __init__(self, argv, env=None, **kw):
-      envs[argv[3]] = env
-  monkeypatch.setattr(harness.subprocess, "Popen", Popen)
-  for fw in ("jax", "stablehlo", "torch", "onnxruntime"):
-    harness.Worker(harness.Contestant(fw, fw), {})
+  envs = {fw: harness.child_env(fw, {"A": "1"}, "--xla_x=1")
+          for fw in ("jax", "stablehlo", "torch", "onnxruntime")}
   if host_memory.wanted(os.environ):  # Linux with glibc
     for fw in ("jax", "stablehlo"):  # jax.jit and jax.export
       assert all(envs[fw].get(k) == v
                  for k, v in host_memory.MALLOC_ENV.items()), fw
   for fw in ("torch", "onnxruntime"):
     assert not set(host_memory.MALLOC_ENV) & set(envs[fw]), fw
+    assert "XLA_FLAGS" not in envs[fw]
+  assert envs["jax"]["XLA_FLAGS"] == "--xla_x=1" and envs["torch"]["A"] == "1"
+  assert envs["jax"]["PYTHONPATH"].split(os.pathsep)[0] == REPO

@@ -31,7 +31,7 @@ def test_input_pipeline_bench_reports_cores_needed():
                        "--images", "12", "--jpeg-size", "40", "56",
                        "--image-size", "24", "--batch", "4", "--batches", "2",
                        "--step-rate", "2900"])
-  assert "Model name" in res["cpu"] or "CPU" in res["cpu"]
+  assert res["cpu"] and "AVX-512" in res["cpu"]  # machine.describe()
   assert [r["randaugment"] for r in res["rows"]] == ["off", "on"]
   assert all(r["img_per_s"] > 0 and r["images"] == 8 for r in res["rows"])
   text = ip_bench.report(res)
@@ -50,7 +50,7 @@ def test_accelerator_bench_runs_on_cpu_and_says_so(tmp_path):
   assert p.returncode == 0, p.stderr[-3000:]
   assert "This is a CPU" in p.stdout and "MFU is unknown" in p.stdout
   for part in ("1. train step", "2. input pipeline alone",
-               "3. train.py end to end", "4. float32 logits",
+               "3. train.py end to end (synthetic data", "4. float32 logits",
                "5. vit_tiny_patch16_224 (2 blocks", "6. torch's train step"):
     assert part in p.stdout, p.stdout
   res = json.loads(out.read_text())
@@ -59,7 +59,9 @@ def test_accelerator_bench_runs_on_cpu_and_says_so(tmp_path):
   assert step["img_per_s_per_device"] > 0 and step["mfu"] is None
   assert step["scan"] is True and step["train_flops_per_image"] > 0
   assert res["input_pipeline"]["img_per_s"] > 0
-  assert res["end_to_end"]["ratio"] > 0, res["end_to_end"]
+  e2e = res["end_to_end"]
+  assert e2e["ratio"] > 0 and e2e["data"] == "synthetic", e2e
+  assert len(e2e["logged_rates"]) >= 1
   assert res["logits"]["same_device"] and res["logits"]["rel_max_diff"] == 0
   diffs = res["timm_parity"]["rel_max_diff"]  # no accelerator: two CPU rows
   assert sorted(diffs) == ["ours float32, cpu (CPU)", "timm float32, CPU"]
@@ -76,3 +78,16 @@ def test_torch_step_rate_runs_timm_on_the_cpu_without_cuda():
                             steps=1)
   r = accelerator.torch_step_rate(args, 2)
   assert r["device"] == "cpu" and r["img_per_s"] > 0 and r["mfu"] is None
+
+
+def test_accelerator_without_tensorflow_says_what_it_did_not_run(
+    monkeypatch, capsys):
+  """A GPU machine has no TensorFlow: the input pipeline alone is not run
+  and says so; part 3 on the JPEG folder neither (synthetic needs none)."""
+  monkeypatch.setattr(accelerator, "has_tensorflow", lambda: False)
+  res = accelerator.main(["--skip", "step", "logits", "timm", "torch",
+                          "--e2e-data", "folder"])
+  out = capsys.readouterr().out
+  assert "2. input pipeline alone: not run (no TensorFlow here)" in out
+  assert "3. train.py end to end on the JPEG folder: not run" in out
+  assert "input_pipeline" not in res and "end_to_end" not in res
