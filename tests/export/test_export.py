@@ -402,40 +402,6 @@ def test_cli(tmp_path, capsys):
   assert rc == 1 and "no such file" in capsys.readouterr().err
 
 
-@pytest.mark.slow
-def test_bench_export_smoke(capfd):
-  """bench/export.py runs every runtime end to end (no speed asserted), its
-  runtime children without TensorFlow's load-time INFO lines."""
-  import sys  # pylint: disable=import-outside-toplevel
-  from train_helpers import REPO  # pylint: disable=import-outside-toplevel
-  sys.path.insert(0, REPO)
-  from bench import export as bench_export  # pylint: disable=import-outside-toplevel
-  rec = bench_export.main([
-      "--model", "vit_ti_16", "--image-size", "32", "--batches", "1,2",
-      "--rounds", "1", "--round-seconds", "0.05", "--warmup", "0",
-      "--max-retries", "0", "--gemm-square", "512"])
-  runtimes = ("stablehlo (jax.export)", "savedmodel (TF)", "onnxruntime")
-  for batch in ("1", "2"):
-    contestants = rec["results"][batch]["contestants"]
-    assert set(contestants) == {"jax.jit", "torch eager", *runtimes}
-    for label, c in contestants.items():
-      assert c["img_per_sec"]["median"] > 0, label
-      if label != "jax.jit":  # same weights and inputs everywhere
-        assert c["check_max_abs_diff"] < 1e-4, label
-      if label in runtimes:  # exported once, for batch 1; batch 2 loads it
-        assert c["info"]["artifact_reused"] == (batch == "2"), (label, batch)
-  table = bench_export.format_table(rec)
-  assert "batch 1: ms" in table and "batch 2: img/s" in table
-  assert rec["cpu"] and rec["isa_line"].startswith("ISA: ")
-  # Native: onnxruntime as installed (--isa avx2 caps it: bench/mlas_isa.py).
-  assert "MLAS capped" not in table
-  from vit_jax.data import console  # pylint: disable=import-outside-toplevel
-  err = capfd.readouterr().err.encode()
-  noise = [line for line in err.splitlines() if console.is_noise(line)]
-  assert not noise, noise[:3]
-
-
-
 def test_onnx_checks_its_torch_twin():
   """The torch twin is compared with JAX before the ONNX export, so a layout
   the converters map only in part is an error, not a wrong artifact."""
