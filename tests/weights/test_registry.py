@@ -63,6 +63,9 @@ def test_every_listed_name_is_planned():
   assert "vit_base_patch16_384" not in native
 
 
+# Slow as a whole (every listed name at its real width, one per record at
+# timm's input size: the heaviest test of the suite), cheap per name.
+@pytest.mark.slow
 @pytest.mark.parametrize("name", [c.name for c in PLAN])
 def test_listed_name_equals_timm(name, results, record_property):
   result = results[name]
