@@ -195,7 +195,9 @@ def timm_meta(name: str, depth: Optional[int] = 2, small: bool = False):
   if m is None:
     m = _meta_model(name)
   if small and not is_naflex(name):
-    p = tuple(m.patch_embed.patch_size)
+    # Pixels per token (a hybrid's CNN stride times its patch embedding's).
+    pe = m.patch_embed
+    p = tuple(int(i) // int(g) for i, g in zip(pe.img_size, pe.grid_size))
     size = (SMALL_GRID * p[0], SMALL_GRID * p[1])
     reduced = _try_meta(name, "img_size", img_size=size, **kwargs)
     if reduced is not None:
@@ -359,6 +361,8 @@ def verify_many(checks: Sequence[Check],
       out[c.name] = verify_timm(c.name, small=c.small, weights=weights)
     except NotVerified as e:
       out[c.name] = e
+    except Exception as e:  # pylint: disable=broad-except
+      out[c.name] = NotVerified(c.name, "check", f"{type(e).__name__}: {e}")
   return out
 
 
@@ -413,7 +417,7 @@ def _verify(name, depth, small, rel, batch, weights, load) -> Verified:
     got = np.asarray(_forward(model, variables, x))
   clock("ours")
   err = _rel(got, ref, name)
-  if not err <= rel:
+  if not err <= rel and not _as_close_as_timm(m, xt, got, ref, name):
     raise NotVerified(name, "logits", (
         f"ours differ from timm's: max|ours - timm| / max|timm| = {err:.3g} "
         f"> {rel:g} (shapes {got.shape}, {ref.shape}; timm {kwargs}, "
@@ -435,6 +439,22 @@ def _verify(name, depth, small, rel, batch, weights, load) -> Verified:
   return Verified(name=name, depth=kwargs.get("depth"), image_size=size,
                   native="img_size" not in kwargs, rel=err, rel_back=err_back,
                   seconds=clock.total, phases=clock.phases)
+
+
+def _as_close_as_timm(m, xt, got, ref, name) -> bool:
+  """Where timm's own float32 logits are more than ``REL`` from the exact
+  ones (timm's model in float64: a deep ResNet stem on random weights
+  reaches 4e-5), ours pass if they are within twice timm's float32 error
+  of the exact logits (two independent float32 roundings
+  of one function; the other library's ResNet constants, the nearest
+  wrong function, are off by 5.6e-4 to 3.6e-2: tests/weights/
+  test_hybrid.py)."""
+  import torch  # pylint: disable=import-outside-toplevel
+  with torch.no_grad():
+    exact = m.double()(xt.double()).numpy()
+  m.float()
+  timm_err, our_err = _rel(ref, exact, name), _rel(got, exact, name)
+  return timm_err > REL and our_err <= 2 * timm_err
 
 
 def _from_timm(state_dict, name):
