@@ -71,7 +71,10 @@ def test_listed_name_equals_timm(name, results, record_property):
   result = results[name]
   if isinstance(result, verify.NotVerified):
     raise result
-  assert result.rel <= verify.REL and result.rel_back <= verify.REL
+  # Within 1e-5 of timm's float32 logits, or (deep ResNet stems, whose
+  # float32 logits timm itself gets 2-4e-5 from its float64 ones) within
+  # twice timm's own rounding error of the float64 logits.
+  assert result.ok, result
   record_property("rel_err", result.rel)
   record_property("cpu_seconds", round(result.seconds, 2))
 
