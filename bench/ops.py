@@ -310,15 +310,6 @@ def _under_optimizer(ev) -> bool:
   return False
 
 
-def _under_optimizer(ev) -> bool:
-  p = ev.cpu_parent
-  while p is not None:
-    if p.name.startswith("Optimizer.step"):
-      return True
-    p = p.cpu_parent
-  return False
-
-
 def _torch(spec):
   import numpy as np  # pylint: disable=import-outside-toplevel
   import torch  # pylint: disable=import-outside-toplevel
