@@ -78,15 +78,19 @@ def tiny_config(**kw):
   """configs/digits.py with :func:`tiny_overrides` applied (and locked)."""
   from configs import digits
 
-  c = digits.get_config()
-  for key, value in tiny_overrides(**kw).items():
-    node = c
+  return apply_overrides(digits.get_config(), tiny_overrides(**kw))
+
+
+def apply_overrides(config, overrides: dict):
+  """``config`` with ``{'a.b': value}`` overrides set, then locked."""
+  for key, value in overrides.items():
+    node = config
     *parents, leaf = key.split(".")
     for p in parents:
       node = node[p]
     node[leaf] = value
-  c.lock()
-  return c
+  config.lock()
+  return config
 
 
 def cli_flags(overrides: dict) -> list:

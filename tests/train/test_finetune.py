@@ -228,20 +228,13 @@ def vit_ti_file(tmp_path_factory):
 def _recipe(config, **kw):
   """A recipe's config (its model fields untouched) as a one-step run on
   the digits at learning rate 0."""
-  from train_helpers import tiny_overrides  # pylint: disable=import-outside-toplevel
+  from train_helpers import apply_overrides, tiny_overrides  # pylint: disable=import-outside-toplevel
   o = {k: v for k, v in tiny_overrides().items()
        if not k.startswith("model") and k != "image_size"}
   o.update(total_steps=1, eval_every=1, checkpoint_every=1, log_every=1,
            optimizer="sgd", learning_rate=0.0, warmup_steps=0)
   o.update(kw)
-  for key, value in o.items():
-    node = config
-    *parents, leaf = key.split(".")
-    for p in parents:
-      node = node[p]
-    node[leaf] = value
-  config.lock()
-  return config
+  return apply_overrides(config, o)
 
 
 def _start_note(workdir):
