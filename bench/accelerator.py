@@ -99,8 +99,10 @@ def bench_config(args, *, attention=None, scan=False, batch=None):
   return c
 
 
-def step_rate(args, *, batch: int, attention: str, scan: bool) -> dict:
-  """img/s of ``train.py``'s jitted train step, ``batch`` per device."""
+def step_rate(args, *, batch: int, attention: str, scan: bool,
+              profile_dir: str | None = None) -> dict:
+  """img/s of ``train.py``'s jitted train step, ``batch`` per device; with
+  ``profile_dir``, then a ``jax.profiler`` trace of 3 more steps there."""
   import jax  # pylint: disable=import-outside-toplevel
   import numpy as np  # pylint: disable=import-outside-toplevel
   from bench import flops  # pylint: disable=import-outside-toplevel
@@ -133,6 +135,11 @@ def step_rate(args, *, batch: int, attention: str, scan: bool) -> dict:
     jax.block_until_ready(state.step)
     times.append(time.perf_counter() - t)
   compile_s, wall = times[0], times[-1]
+  if profile_dir:
+    with jax.profiler.trace(profile_dir, create_perfetto_trace=True):
+      for _ in range(3):
+        state, _ = fns.train_step(state, batch_arr, votes)
+      jax.block_until_ready(state.step)
   per_dev = args.steps * batch / wall
   variant = models.decode_variant(cfg.model_name)
   f_img = flops.step_flops(variant, cfg.image_size, "train", num_classes)
@@ -230,9 +237,13 @@ def timm_parity(args) -> dict:
                            for k, v in out.items()}}
 
 
-def torch_step_rate(args, batch: int) -> dict:
+def torch_step_rate(args, batch: int, compile_mode: str = "eager",
+                    profile_dir: str | None = None) -> dict:
   """img/s of timm's train step on torch's CUDA device (else the CPU):
-  bfloat16 autocast, fused AdamW, a float batch already on the device."""
+  bfloat16 autocast, fused AdamW, a float batch already on the device;
+  ``compile_mode`` "eager" or a ``torch.compile`` mode of the model
+  ("default", "max-autotune", ...). With ``profile_dir``, then a
+  ``torch.profiler`` trace of 3 more steps there (Chrome trace JSON)."""
   import torch  # pylint: disable=import-outside-toplevel
   from bench import flops  # pylint: disable=import-outside-toplevel
   from vit_jax import models  # pylint: disable=import-outside-toplevel
@@ -242,26 +253,40 @@ def torch_step_rate(args, batch: int) -> dict:
   m = _timm_model(args).train().to(dev)
   opt = torch.optim.AdamW(m.parameters(), lr=1e-4, weight_decay=0.05,
                           fused=True)
+  fwd = m if compile_mode == "eager" else torch.compile(m, mode=compile_mode)
   x = torch.randn(batch, 3, args.image_size, args.image_size, device=dev)
   y = torch.randint(0, 1000, (batch,), device=dev)
 
   def step():
     with torch.autocast(dev, dtype=torch.bfloat16):
-      loss = torch.nn.functional.cross_entropy(m(x), y)
+      loss = torch.nn.functional.cross_entropy(fwd(x), y)
     loss.backward()
     opt.step()
     opt.zero_grad(set_to_none=True)
-  for n in (3, args.steps):  # warm up, time
+  times = []
+  for n in (1, 2, args.steps):  # compile, warm up, time
     t = time.perf_counter()
     for _ in range(n):
       step()
     sync()
-  wall = time.perf_counter() - t
+    times.append(time.perf_counter() - t)
+  compile_s, wall = times[0], times[-1]
+  if profile_dir:
+    os.makedirs(profile_dir, exist_ok=True)
+    acts = [torch.profiler.ProfilerActivity.CPU] + (
+        [torch.profiler.ProfilerActivity.CUDA] if dev == "cuda" else [])
+    with torch.profiler.profile(activities=acts) as prof:
+      for _ in range(3):
+        step()
+      sync()
+    prof.export_chrome_trace(os.path.join(
+        profile_dir, f"torch_{compile_mode}.trace.json"))
   per_dev = args.steps * batch / wall
   f_img = flops.step_flops(models.decode_variant(args.model), args.image_size,
                            "train", 1000)
   peak = peak_flops(name) if dev == "cuda" else None
   return {"batch": batch, "img_per_s": per_dev, "step_s": wall / args.steps,
+          "compile_mode": compile_mode, "compile_s": compile_s,
           "device": name, "torch": torch.__version__,
           "mfu": None if peak is None else per_dev * f_img / peak}
 
@@ -342,6 +367,13 @@ def main(argv=None):
   p.add_argument("--skip", nargs="*", default=[],
                  choices=("step", "pipeline", "e2e", "logits", "timm",
                           "torch"))
+  p.add_argument("--torch-compile", nargs="+", default=["eager", "default"],
+                 help="part 6: torch's step eager and/or under torch.compile "
+                      "with these modes (e.g. default max-autotune)")
+  p.add_argument("--profile", metavar="DIR",
+                 help="also trace 3 steps of the first setting of 1. "
+                      "(jax.profiler) and of each torch step of 6. "
+                      "(torch.profiler) into DIR; read with bench/profile.py")
   p.add_argument("--json", help="also write the results here")
   args = p.parse_args(argv)
   if "timm" not in args.skip or "torch" not in args.skip:
@@ -385,7 +417,9 @@ def main(argv=None):
     for b, a, s in ((b, a, s) for b in args.batch for a in attention
                     for s in args.scan):
       try:
-        r = step_rate(args, batch=b, attention=a, scan=s == "on")
+        r = step_rate(args, batch=b, attention=a, scan=s == "on",
+                      profile_dir=(os.path.join(args.profile, "jax")
+                                   if args.profile and not steps else None))
         mfu = "unknown" if r["mfu"] is None else f"{100 * r['mfu']:.1f}%"
         print(f"{b:6d} {str(a):>9s} {s:>5s} {r['img_per_s_per_device']:10.1f}"
               f" {1e3 * r['step_s']:8.1f} {mfu:>6s} {r['compile_s']:9.1f}",
@@ -466,15 +500,29 @@ def main(argv=None):
             "here)")
     elif ok:
       b = ok[0]["batch_per_device"]
-      r = torch_step_rate(args, b)
-      res["torch_step"] = r
-      mfu = "unknown" if r["mfu"] is None else f"{100 * r['mfu']:.1f}%"
       ours = max(x["img_per_s_per_device"] for x in ok
                  if x["batch_per_device"] == b)
-      print(f"\n6. torch {r['torch']} train step ({TIMM_NAMES[args.model]}, "
-            f"batch {b}, bfloat16 autocast, fused AdamW) on {r['device']}: "
-            f"{r['img_per_s']:.1f} img/s, MFU {mfu}; ours at batch {b}: "
-            f"{ours:.1f} img/s ({ours / r['img_per_s']:.2f}x)")
+      import torch  # pylint: disable=import-outside-toplevel
+      print(f"\n6. torch {torch.__version__} train step "
+            f"({TIMM_NAMES[args.model]}, batch {b}, bfloat16 autocast, fused "
+            f"AdamW) on {torch.cuda.get_device_name()}; ours at batch {b}: "
+            f"{ours:.1f} img/s")
+      print(f"{'torch':>22s} {'img/s':>8s} {'step ms':>8s} {'MFU':>6s} "
+            f"{'compile s':>9s} {'ours/torch':>10s}")
+      res["torch_step"] = []
+      for mode in args.torch_compile:
+        try:
+          r = torch_step_rate(args, b, mode, profile_dir=args.profile)
+        except Exception as e:  # pylint: disable=broad-except
+          r = {"compile_mode": mode, "error": f"{type(e).__name__}: "
+               f"{str(e)[:300]}"}
+          print(f"{mode:>22s}  failed: {r['error']}", flush=True)
+        else:
+          mfu = "unknown" if r["mfu"] is None else f"{100 * r['mfu']:.1f}%"
+          print(f"{mode:>22s} {r['img_per_s']:8.1f} {1e3 * r['step_s']:8.1f}"
+                f" {mfu:>6s} {r['compile_s']:9.1f} "
+                f"{ours / r['img_per_s']:9.2f}x", flush=True)
+        res["torch_step"].append(r)
   if args.json:
     os.makedirs(os.path.dirname(os.path.abspath(args.json)), exist_ok=True)
     with open(args.json, "w") as f:

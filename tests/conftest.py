@@ -25,3 +25,14 @@ def digits_run(tmp_path_factory):
   cfg = tiny_config()
   train_lib.train_and_evaluate(cfg, str(workdir), devices=jax.devices()[:1])
   return str(workdir), cfg
+
+
+def pytest_configure(config):
+  """``VIT_JAX_SUITE_PROFILE=FILE``: where each test's time goes, one JSON
+  line per test (tests/suite_profile.py)."""
+  import os  # pylint: disable=import-outside-toplevel
+  path = os.environ.get("VIT_JAX_SUITE_PROFILE")
+  if path:
+    import suite_profile  # pylint: disable=import-outside-toplevel
+    config.pluginmanager.register(suite_profile.SuiteProfile(path),
+                                  "suite_profile")
