@@ -22,7 +22,8 @@ import jax.numpy as jnp
 from jax import lax
 import numpy as np
 
-from vit_jax.models import interpolate, kernels, naflex, rope as rope_lib
+from vit_jax.models import interpolate, kernels, naflex, relpos
+from vit_jax.models import rope as rope_lib
 
 Dtype = Any
 
@@ -179,6 +180,7 @@ class BlockConfig:
   mlp_norm: bool = False
   post_norm: bool = False
   rope: Optional[str] = None
+  rel_pos_bias: Optional[str] = None
 
   @classmethod
   def of(cls, module) -> "BlockConfig":
@@ -330,14 +332,20 @@ class MultiHeadDotProductAttention(nn.Module):
   ``rope=(sin, cos, kind)`` rotates the queries and keys after those norms
   (:mod:`vit_jax.models.rope`). ``mask`` (B, S) bool: the keys that may be
   read (a NaFlex batch's padding is not); every path computes the same
-  masked function.
+  masked function. ``rel_pos``: BEiT's relative position bias
+  (:mod:`vit_jax.models.relpos`): the shared (heads, T, T) bias, and/or
+  with ``rel_pos_bias='block'`` this attention's own table
+  (``rel_pos_bias/table``) for the input's patch grid (``grids``); the
+  logits with a bias go through :func:`relpos.attention_impl`'s path.
   """
 
   config: BlockConfig = BlockConfig()
   deterministic: bool = True
+  grids: Optional[relpos.Grids] = None  # for rel_pos_bias='block'
 
   @nn.compact
-  def __call__(self, inputs_q, inputs_kv=None, rope=None, mask=None):
+  def __call__(self, inputs_q, inputs_kv=None, rope=None, mask=None,
+               rel_pos=None):
     cfg = self.config
     inputs_kv = inputs_q if inputs_kv is None else inputs_kv
     b, n, d = inputs_q.shape
@@ -373,10 +381,18 @@ class MultiHeadDotProductAttention(nn.Module):
     impl = kernels.choose_attention(
         jax.default_backend(), q.dtype, hd, requested=cfg.attention_impl,
         dropout=use_dropout, sow_weights=cfg.sow_attention_weights)
+    if cfg.rel_pos_bias == "block" and inputs_kv is inputs_q:
+      own = relpos.RelativePositionBias(
+          h, cfg.param_dtype, name="rel_pos_bias")(self.grids, n)
+      rel_pos = own if rel_pos is None else rel_pos + own
+    if rel_pos is not None:
+      impl = relpos.attention_impl(impl, cfg.attention_impl)
     scale = 1.0 / math.sqrt(hd)
     if impl in ("matmul", "weights"):
       qh, kh, vh = (kernels.head_major(t) for t in (q, k, v))
       bias = None if mask is None else naflex.attention_bias(mask)
+      if rel_pos is not None:  # (1, H, T, T), plus a key mask's bias
+        bias = rel_pos[None] if bias is None else bias + rel_pos[None]
       if impl == "weights":
         weights = kernels.attention_weights(qh, kh, scale, bias).astype(
             cfg.dtype)
@@ -390,6 +406,9 @@ class MultiHeadDotProductAttention(nn.Module):
       else:
         oh = kernels.attention(qh, kh, vh, scale, bias)
       y = jnp.transpose(oh, (0, 2, 1, 3))  # (B, N, H, hd)
+    elif rel_pos is not None:
+      y = _fused_attention(q, k, v, mask, impl, fallback=False,
+                           bias=rel_pos[None])
     else:
       y = _fused_attention(q, k, v, mask, impl,
                            fallback=cfg.attention_impl is None)
@@ -399,7 +418,8 @@ class MultiHeadDotProductAttention(nn.Module):
     return _project(y, out_kernel, out_bias).reshape(b, n, d)
 
 
-def _fused_attention(q, k, v, mask, impl: str, *, fallback: bool):
+def _fused_attention(q, k, v, mask, impl: str, *, fallback: bool,
+                     bias=None):
   """``jax.nn.dot_product_attention`` ('xla' or 'cudnn'); ``mask`` (B, S)
   marks the keys to attend to. cuDNN runs through
   :func:`kernels.padded_attention` (its training kernels refuse odd
@@ -408,7 +428,13 @@ def _fused_attention(q, k, v, mask, impl: str, *, fallback: bool):
   call JAX refuses while tracing (for these shapes: NotImplementedError;
   no cuDNN, as on a ROCm GPU: RuntimeError) runs XLA's where ``fallback``
   (the implementation was chosen, not requested); an error of the run
-  itself (JaxRuntimeError: out of memory, a failed kernel) is raised."""
+  itself (JaxRuntimeError: out of memory, a failed kernel) is raised.
+  ``bias`` (1, H, N, S): added to the logits (XLA's path only)."""
+  if bias is not None:
+    b, n, s = q.shape[0], q.shape[1], k.shape[1]
+    return jax.nn.dot_product_attention(
+        q, k, v, bias=bias, implementation=impl, mask=None if mask is None
+        else jnp.broadcast_to(mask[:, None, None, :], (b, 1, n, s)))
   try:
     if impl == "cudnn":
       if mask is None:
@@ -509,14 +535,20 @@ class Encoder1DBlock(nn.Module):
   (B, T) bool: the tokens attention may read (a NaFlex batch's padding is
   not). The norms are ``LayerNorm_0`` / ``LayerNorm_1`` whatever their
   kind (an RMSNorm has a ``scale`` and no ``bias``) or place.
+  ``rel_pos``: the shared relative position bias (heads, T, T) of
+  ``rel_pos_bias='shared'``; ``grids``: the input's patch grid, for the
+  attention's own table with ``rel_pos_bias='block'``
+  (:mod:`vit_jax.models.relpos`).
   """
 
   config: BlockConfig = BlockConfig()
   use_drop_path: bool = False
   deterministic: bool = True
+  grids: Optional[relpos.Grids] = None
 
   @nn.compact
-  def __call__(self, inputs, drop_path_rate=0.0, rope=None, mask=None):
+  def __call__(self, inputs, drop_path_rate=0.0, rope=None, mask=None,
+               rel_pos=None):
     cfg = self.config
     norm = cfg.norm()
     drop_path = (
@@ -535,9 +567,10 @@ class Encoder1DBlock(nn.Module):
 
     x = pre("LayerNorm_0", inputs)
     x = MultiHeadDotProductAttention(
-        cfg, deterministic=self.deterministic,
+        cfg, deterministic=self.deterministic, grids=self.grids,
         name="MultiHeadDotProductAttention_0")(
-            x, rope=None if rope is None else (*rope, cfg.rope), mask=mask)
+            x, rope=None if rope is None else (*rope, cfg.rope), mask=mask,
+            rel_pos=rel_pos)
     x = nn.Dropout(cfg.dropout_rate)(x, deterministic=self.deterministic)
     x = drop_path(scale(post("LayerNorm_0", x))) + inputs
 
@@ -730,6 +763,18 @@ class Encoder(nn.Module):
         key=self.make_rng("dropout") if use_aug else None)
     return jnp.asarray(sin), jnp.asarray(cos)
 
+  def _rel_pos(self, grid, num_tokens: int):
+    """(the shared relative position bias or None, the blocks' grids or
+    None) of ``block.rel_pos_bias`` (:mod:`vit_jax.models.relpos`)."""
+    if self.block.rel_pos_bias is None:
+      return None, None
+    grids = relpos.Grids(tuple(grid), self.base_grid, self.dynamic_img_size)
+    if self.block.rel_pos_bias != "shared":
+      return None, grids
+    return relpos.RelativePositionBias(
+        self.block.num_heads, self.block.param_dtype,
+        name="rel_pos_bias")(grids, num_tokens), None
+
   @nn.compact
   def __call__(self, x, *, prefix=None, grid: Optional[Tuple[int, int]],
                train: bool, take: Optional[Sequence[int]] = None,
@@ -776,6 +821,7 @@ class Encoder(nn.Module):
     if self.pre_norm:  # CLIP's ln_pre
       x = norm(name="pre_norm")(x)
     rope = self._rope_tables(grid, num_prefix, x.shape[-1], train)
+    rel_pos, grids = self._rel_pos(grid, x.shape[1])
 
     block_cls = Encoder1DBlock
     if self.remat_policy not in (None, "none"):
@@ -785,15 +831,21 @@ class Encoder(nn.Module):
     rates = np.linspace(0.0, self.drop_path_rate, self.num_layers)
     kwargs = dict(config=self.block, use_drop_path=self.drop_path_rate > 0.0,
                   deterministic=not train)
+    if grids is not None:
+      kwargs["grids"] = grids
 
     if self.scan_layers:
       args = (jnp.asarray(rates, jnp.float32),)
       in_axes = (0,)
-      if rope is not None or mask is not None:  # the same for every layer
+      # The same for every layer: rope, mask, the shared position bias.
+      if rope is not None or mask is not None or rel_pos is not None:
         args += (rope,)
         in_axes += (nn.broadcast,)
-      if mask is not None:
+      if mask is not None or rel_pos is not None:
         args += (mask,)
+        in_axes += (nn.broadcast,)
+      if rel_pos is not None:
+        args += (rel_pos,)
         in_axes += (nn.broadcast,)
       scanned = nn.scan(
           block_cls,
@@ -807,7 +859,9 @@ class Encoder(nn.Module):
       block_outputs = []
       for i in range(self.num_layers):
         block = block_cls(name=f"encoderblock_{i}", **kwargs)
-        if mask is None:
+        if rel_pos is not None:
+          x, _ = block(x, float(rates[i]), rope, mask, rel_pos)
+        elif mask is None:
           x, _ = block(x, float(rates[i]), rope)
         else:
           x, _ = block(x, float(rates[i]), rope, mask)

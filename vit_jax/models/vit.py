@@ -63,7 +63,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from vit_jax.models import naflex as naflex_lib, resnet as resnet_lib
-from vit_jax.models import rope as rope_lib
+from vit_jax.models import relpos, rope as rope_lib
 from vit_jax.models.layers import (  # noqa: F401  (re-exported building blocks)
     LN_EPS, NORMS, AddPositionEmbs, BlockConfig, Dense, Encoder, Encoder1DBlock,
     LayerNorm, MAPHead, MlpBlock, MultiHeadDotProductAttention, PatchEmbed, RMSNorm,
@@ -211,6 +211,21 @@ class VisionTransformer(nn.Module):
       :mod:`vit_jax.models.rope`. Any input size works.
     rope_shift, rope_jitter, rope_rescale: DINOv3's train-time coordinate
       augmentations (timm's ``rope_*_coords``; from the ``'dropout'`` rng).
+    rel_pos_bias: BEiT's relative position bias, a learned table of one
+      bias per head for each offset between two patches (and three for the
+      class token) added to the attention logits: ``'block'``, a table in
+      every block's attention (timm's ``use_rel_pos_bias``: BEiT, BEiT v2,
+      Data2Vec-Vision; ``MultiHeadDotProductAttention_0/rel_pos_bias/
+      table``), or ``'shared'``, one for all blocks (``use_shared_rel_pos_
+      bias``; ``Transformer/rel_pos_bias/table``). Named for where the
+      table lives, the one thing that tells the two apart (their function
+      is the same). Needs exactly one prefix token, the class token. The
+      table is laid out for the grid of ``image_size`` (else of the
+      ``init`` input); ``dynamic_img_size`` resizes it to other grids in
+      the forward pass as timm's BEiT does when built at another size
+      (see :mod:`vit_jax.models.relpos`). Attention with the bias runs
+      through the paths that take one (XLA's, or the materialised
+      probabilities for ``'matmul'``; cuDNN's is refused when requested).
     naflex: NaFlex (SigLIP 2, timm's ``NaFlexVit``): the model also takes
       the dict of pre-cut patches timm's ``NaFlexVit`` takes (``patches``
       (B, N, P*P*C) in (y, x, channel) order, ``patch_coord`` (B, N, 2) as
@@ -290,6 +305,7 @@ class VisionTransformer(nn.Module):
   rope_shift: Optional[float] = None
   rope_jitter: Optional[float] = None
   rope_rescale: Optional[float] = None
+  rel_pos_bias: Optional[str] = None
   distilled_training: bool = False
   naflex: Optional[str] = None
   naflex_square: bool = False
@@ -335,6 +351,17 @@ class VisionTransformer(nn.Module):
     if self.rope is not None:
       rope_lib.check(self.rope, self.hidden_size // self.num_heads,
                      self.rope_grid_indexing)
+    if self.rel_pos_bias is not None:
+      relpos.check(self.rel_pos_bias)
+      if not self.has_class_token or self.num_prefix_tokens != 1:
+        raise ValueError(
+            "rel_pos_bias: BEiT's relative position table has rows for one "
+            "class token before the patches: it needs class_token (or "
+            "classifier='token') and no registers or distillation token")
+      if self.naflex is not None:
+        raise ValueError("rel_pos_bias: a NaFlex model (images of different "
+                         "grids in one batch) has no one relative position "
+                         "table; BEiT's is laid out for one patch grid")
     if self.no_embed_registers and (self.no_embed_class or
                                     not self.num_registers):
       raise ValueError("no_embed_registers: the position embedding covers "
