@@ -11,6 +11,7 @@ norms, position embeddings, the encoder), :mod:`~vit_jax.models.kernels`
 (PyTorch's resizing as matrices), :mod:`~vit_jax.models.naflex` (NaFlex
 inputs: the per-image resize of the position grid, the padding masks),
 :mod:`~vit_jax.models.resnet` (the hybrids' ResNet stem),
+:mod:`~vit_jax.models.relpos` (BEiT's relative position bias),
 :mod:`~vit_jax.models.analysis` (attention maps, rollout, feature PCA). This room imports nothing else of vit_jax, nor
 torch or TensorFlow.
 """

@@ -60,7 +60,7 @@ def _refuse_unknown(layout: mapping.Layout, sd, unmatched) -> None:
         f"Not a {layout.name} VisionTransformer state dict (or one with parts "
         f"vit_jax does not know): {len(unmatched)} of its {len(sd)} keys are "
         f"no ViT parameter, e.g. {unmatched[:5]}. Is it another architecture "
-        f"(Swin, BEiT, EVA, ConvNeXt, ResNet...)?")
+        f"(Swin, EVA-01, ConvNeXt, ResNet...)?")
 
 
 # Layouts whose weights cannot show what only the timm name decides: the
@@ -148,6 +148,7 @@ _SHOWN = (
                                                            True))),
     ("a NaFlex position grid", lambda a: a.get("naflex") is not None),
     ("a conv stem", lambda a: bool(a.get("conv_stem"))),
+    ("relative position bias", lambda a: a.get("rel_pos_bias") or "none"),
 )
 # What only the name decides, compared where the weights come with a record
 # of it (a training checkpoint, our safetensors).
@@ -284,6 +285,10 @@ def _finish(variables, arch: Dict[str, Any], image_size, overrides,
   pos = "params/Transformer/posembed_input/pos_embedding"
   if native is None and pos in have and pos in want:  # a non-square grid
     want[pos] = have[pos][:2] + want[pos][2:]
+  if native is None:  # relative position tables of a non-square grid
+    for k in want:
+      if k.endswith(layouts.REL_TABLE) and k in have:
+        want[k] = have[k][:1] + want[k][1:]
   if their is None:
     check.check_keys(have, want, what)
   else:
@@ -471,6 +476,8 @@ def from_state_dict(state_dict, name: Optional[str] = None, *,
     parsed = layouts.parse_timm_name(name)
   elif layout.startswith("transformers"):
     hints = layouts.transformers_hints(config or {}, layout)
+  if layout == "timm_beit" and "classifier" not in hints:
+    hints["classifier"] = layouts.beit_pooling(sd)  # as timm's Beit pools
   _refuse_unknown(table, sd, mapping.unmatched(table, sd))
   if layout == "timm" and name is None and "norm_pre.weight" in sd:
     raise layouts.Undecided(CLIP_NEEDS_A_NAME, "model_name")

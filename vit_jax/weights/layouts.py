@@ -299,26 +299,62 @@ TIMM_EVA = Layout("timm_eva", rows=(
 ))
 
 
+# timm's Beit (BEiT, BEiT v2): Eva's block names (LayerScale gamma_1 /
+# gamma_2, q_bias / v_bias beside a fused qkv weight, no key bias) and
+# relative position tables, one per block's attention or one shared
+# (rel_pos_bias.*; our rel_pos_bias 'block' / 'shared'); the learned
+# position embedding optional (use_abs_pos_emb).
+REL_TABLE = "/rel_pos_bias/table"
+TIMM_BEIT = Layout("timm_beit", rows=(
+    Row("cls_token", ("params/cls",)),
+    Row("pos_embed", (POS,)),
+    *conv("patch_embed.proj.", "params/embedding"),
+    Row("rel_pos_bias.relative_position_bias_table",
+        ("params/Transformer" + REL_TABLE,)),
+    Repeat((
+        Row(_TM + "gamma_1", (E + "LayerScale_0/scale",)),
+        Row(_TM + "gamma_2", (E + "LayerScale_1/scale",)),
+        *norm(_TM + "norm1.", E + "LayerNorm_0"),
+        Row(_TM + "attn.q_bias", (ATTN + "/query/bias",), HEADS_BIAS),
+        Row(_TM + "attn.v_bias", (ATTN + "/value/bias",), HEADS_BIAS),
+        Row(_TM + "attn.relative_position_bias_table", (ATTN + REL_TABLE,)),
+        fused_qkv(_TM + "attn.qkv.weight", "", ATTN)[0],
+        *out_proj(_TM + "attn.proj.", ATTN),
+        *norm(_TM + "norm2.", E + "LayerNorm_1"),
+        *_fix_mlp_rows(_timm_mlp(_TM + "mlp.")),
+    )),
+    *norm("norm.", "params/Transformer/encoder_norm"),
+    *norm("fc_norm.", "params/fc_norm"),
+    *dense("head.", "params/head"),
+), aliases=((r"^module\.", ""),), resample="timm")
+
+
 def timm_layout(keys) -> str:
-  """``'timm_naflex'`` for NaFlexVit's ``embeds.*``; ``'timm_eva'`` for
+  """``'timm_naflex'`` for NaFlexVit's ``embeds.*``; ``'timm_beit'`` for
+  BEiT's relative position tables; ``'timm_eva'`` for
   keys only timm's Eva has (LayerScale ``gamma_1``, ``q_bias`` /
   ``v_bias``, separate ``q_proj``); else ``'timm'``."""
   keys = list(keys)
   if any(k.startswith("embeds.") for k in keys):
     return "timm_naflex"
+  if any(k.endswith("relative_position_bias_table") for k in keys):
+    return "timm_beit"
   eva = re.compile(r"^blocks\.\d+\.(gamma_1|attn\.q_bias|attn\.q_proj\.)")
   return "timm_eva" if any(eva.match(k) for k in keys) else "timm"
 
 
 def timm_layout_of(flat) -> str:
   """The timm class a tree of ours loads into: ``'timm_naflex'`` for a
-  NaFlex position grid (NaFlexVit); ``'timm_eva'`` where only Eva can hold
+  NaFlex position grid (NaFlexVit); ``'timm_beit'`` for relative position
+  tables (Beit); ``'timm_eva'`` where only Eva can hold
   it (no learned position embedding: DINOv3; a query bias without a key
   bias; LayerScale with a norm before the blocks: PE), else ``'timm'``
   (VisionTransformer)."""
   keys = list(flat)
   if POS_GRID in keys:
     return "timm_naflex"
+  if any(k.endswith(REL_TABLE) for k in keys):
+    return "timm_beit"
   if not any("posembed_input" in k for k in keys):
     return "timm_eva"
   if (any(k.endswith("MultiHeadDotProductAttention_0/query/bias")
@@ -547,7 +583,7 @@ TRANSFORMERS_SIGLIP2 = Layout("transformers_siglip2", rows=(
 ), aliases=_TOWER_ALIASES, ignored=_OTHER_TOWER)
 
 LAYOUTS = {layout.name: layout for layout in (
-    TORCHVISION, TIMM, TIMM_EVA, TIMM_NAFLEX, TRANSFORMERS_VIT,
+    TORCHVISION, TIMM, TIMM_EVA, TIMM_BEIT, TIMM_NAFLEX, TRANSFORMERS_VIT,
     TRANSFORMERS_DINOV2, TRANSFORMERS_DINOV2_REG, TRANSFORMERS_DINOV3,
     TRANSFORMERS_CLIP, TRANSFORMERS_SIGLIP, TRANSFORMERS_SIGLIP2,
     TRANSFORMERS_AIMV2)}
@@ -681,7 +717,7 @@ TIMM_SIZES = {
 }
 _TIMM_NAME = re.compile(
     r"^(?P<family>vit_pe_(?:core|lang|spatial)|vit|naflexvit|deit3|deit|"
-    r"eva02|aimv2)_"
+    r"eva02|aimv2|beitv2|beit3|beit)_"
     r"(?P<size>[a-z0-9]+?(?:_plus)?)(?P<distilled>_distilled)?"
     r"_patch(?P<patch>\d+)(?P<rest>_[a-z0-9_]*)?$")
 # The R50+ViT hybrids: vit_{size}_r{resnet depth}_s{stride}[_p{patch}]_{res}.
@@ -709,6 +745,10 @@ TIMM_FAMILIES = (
     (r"^vit_(base_patch32_siglip|large_patch16_siglip(_gap)?_512|"
      r"so400m_patch16_siglip|giantopt_patch16_siglip)", dict(act="gelu_tanh")),
     (r"^vit_base_patch16_gap_224$", dict(num_heads=16)),
+    # BEiT, BEiT v2 (timm's Beit): the mean of the patches, then fc_norm.
+    (r"^beit(v2)?_", dict(classifier="gap")),
+    # BEiT-3's image tower (timm's VisionTransformer with sub-LN norms).
+    (r"^beit3_", dict(classifier="gap", layer_norm_eps=1e-5)),
     (r"^vit_giant_patch14_(reg\d+_)?(dinov2|tipsv2)", dict(num_heads=24)),
     (r"^vit_base_patch(16|32)_plus", dict(num_heads=14)),
     # timm's ResPostBlock: each branch's norm after it (res-post-norm).
@@ -789,6 +829,9 @@ TIMM_PREPROCESSING = (
     (r"^deit_.*_384", dict(mean="imagenet", interpolation="bicubic",
                            crop_pct=1.0)),
     (r"^deit", dict(mean="imagenet", interpolation="bicubic", crop_pct=0.875)),
+    (r"^beit3_", dict(mean="imagenet", interpolation="bicubic", crop_pct=1.0)),
+    (r"^beitv2_", dict(mean="imagenet", interpolation="bicubic",
+                       crop_pct=0.9)),
 )
 
 
@@ -878,7 +921,8 @@ def refuse_unsupported_timm(name: str, error=ValueError) -> None:
         f"families: ViT / AugReg, DeiT (incl. distilled), DeiT-III, "
         f"DINOv2 (incl. giant), DINOv3, EVA-02 (T/S/B/L, CLIP B/L), "
         f"Perception Encoder, AIMv2, CLIP, SigLIP / SigLIP 2 (incl. "
-        f"NaFlex), C-RADIO (incl. NaFlex), timm's NaFlexVit.")
+        f"NaFlex), C-RADIO (incl. NaFlex), timm's NaFlexVit, BEiT / BEiT "
+        f"v2 / BEiT-3.")
 
 
 NAFLEX_NEEDS_A_NAME = (
@@ -896,6 +940,14 @@ NEEDS_A_NAME = (
     "rotary position embedding is not stored in the weights. Pass the timm "
     "name, e.g. 'vit_small_patch16_dinov3', 'eva02_tiny_patch14_224' or "
     "'vit_pe_core_tiny_patch16_384' (in the CLIs: --model).")
+
+
+def beit_pooling(keys) -> str:
+  """timm's Beit pools by the mean of the patches exactly when it has an
+  ``fc_norm`` (its ``use_fc_norm`` defaults to ``global_pool == 'avg'``),
+  else by the class token: the classifier of a Beit state dict without a
+  name."""
+  return "gap" if "fc_norm.weight" in keys else "token"
 
 
 def timm_hints(name: str) -> Dict[str, Any]:

@@ -14,6 +14,7 @@ from typing import Any, Callable, Dict, Mapping, Optional
 import numpy as np
 
 from vit_jax import models
+from vit_jax.models import relpos
 
 _BLOCK = re.compile(r"^encoderblock_(\d+)$")
 
@@ -186,7 +187,9 @@ def arch_of(variables, *, conv_stem=None, patch_size=None,
       patch_norm="embedding_norm" in p, qk_norm="query_ln" in attn,
       attn_norm="inner_norm" in attn, gated_mlp=gated,
       mlp_norm="LayerNorm_0" in mlp_block, distilled="dist" in p,
-      abs_pos_embed="posembed_input" in tr)
+      abs_pos_embed="posembed_input" in tr,
+      rel_pos_bias=("shared" if "rel_pos_bias" in tr else
+                    "block" if "rel_pos_bias" in attn else None))
   if gated:
     arch["act"] = "silu"  # every released SwiGLU gates by SiLU
   if "MAPHead_0" in p:
@@ -293,15 +296,30 @@ def resnet_of(params) -> Optional["models.ResNetConfig"]:
 
 
 def native_image_size(variables, model) -> Optional[int]:
-  """The square input size the position embedding was made for (None when
-  its patch rows do not form a square, or there is none)."""
+  """The square input size the position embedding (or, without one, a
+  relative position table) was made for (None when its patch rows do not
+  form a square, or there is none)."""
   p = params_of(variables)
   if "pos_embedding" not in p["Transformer"].get("posembed_input", {}):
-    return None  # none, or a NaFlex grid (any size)
+    table = rel_pos_table(p)
+    grid = None if table is None else relpos.grid_of_rows(
+        int(np.shape(table)[-2]))
+    return None if grid is None else grid[0] * model.patch_size
   rows = int(np.shape(p["Transformer"]["posembed_input"]["pos_embedding"])[1])
   patches = rows - pos_prefix_rows(model)
   side = int(round(np.sqrt(max(patches, 0))))
   return side * model.patch_size if side * side == patches else None
+
+
+def rel_pos_table(params):
+  """A relative position table of the tree (the shared one, else the
+  first block's), or None."""
+  tr = params["Transformer"]
+  if "rel_pos_bias" in tr:
+    return tr["rel_pos_bias"]["table"]
+  blk = tr.get("encoderblock", tr.get("encoderblock_0", {}))
+  attn = blk.get("MultiHeadDotProductAttention_0", {})
+  return attn.get("rel_pos_bias", {}).get("table")
 
 
 def pos_prefix_rows(model) -> int:
@@ -369,6 +387,8 @@ def describe(arch: Mapping[str, Any], name: Optional[str] = None,
       parts.append(f"{arch[key]} {what}")
   if arch.get("rope"):
     parts.append(f"RoPE {arch['rope']!r}")
+  if arch.get("rel_pos_bias"):
+    parts.append(f"relative position bias ({arch['rel_pos_bias']})")
   if arch.get("naflex"):
     grid = arch.get("naflex_grid") or (16, 16)
     parts.append(f"NaFlex ({arch['naflex']} from a {grid[0]}x{grid[1]} "
