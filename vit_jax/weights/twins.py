@@ -6,8 +6,9 @@ The ONNX export traces the twin (:mod:`vit_jax.export.onnx`), and
 is the class the tree belongs to: ``VisionTransformer`` (classic ViTs,
 DeiT-III, DINOv2 incl. its giant's packed SwiGLU, CLIP, SigLIP, AIMv2,
 RADIO; the R50+ViT hybrids with a ``HybridEmbed``),
-``VisionTransformerDistilled`` (DeiT with a distillation token) or
-``Eva`` (DINOv3, EVA-02, Perception Encoder). torch,
+``VisionTransformerDistilled`` (DeiT with a distillation token),
+``Eva`` (DINOv3, EVA-02, Perception Encoder) or ``Beit`` (a relative
+position bias: BEiT, BEiT v2). torch,
 torchvision and timm are imported here only (after TensorFlow too:
 :func:`vit_jax.weights.files.torch_after_tensorflow`).
 """
@@ -70,7 +71,10 @@ def _pool(model) -> str:
 
 
 def timm_class(model, variables) -> str:
-  """``'eva'``, ``'distilled'`` or ``'vit'``: the timm class of the tree."""
+  """``'beit'``, ``'eva'``, ``'distilled'`` or ``'vit'``: the timm class of
+  the tree."""
+  if model.rel_pos_bias is not None:
+    return "beit"
   flat = trees.flatten(trees.wrap(trees.unstack_layers(trees.wrap(variables))))
   if model.rope is not None or layouts.timm_layout_of(flat) == "timm_eva":
     return "eva"
@@ -96,8 +100,12 @@ def timm_model(model, variables, image_size=None):
         f"timm's ViTs have a patch-embedding bias exactly when they have no "
         f"norm before the blocks (CLIP, PE); this model has patch_bias="
         f"{model.patch_bias}, pre_norm={model.pre_norm}.")
-  net = (_eva(model, image_size) if kind == "eva" else
-         _vit(model, image_size, distilled=kind == "distilled"))
+  if kind == "beit":
+    net = _beit(model, image_size)
+  elif kind == "eva":
+    net = _eva(model, image_size)
+  else:
+    net = _vit(model, image_size, distilled=kind == "distilled")
   sd = saving.to_state_dict(variables, "timm")
   if model.resnet is not None and not model.resnet.std_eps_in_sqrt:
     sd = _as_timm_standardisation(sd, model.resnet.std_eps)
@@ -250,6 +258,40 @@ def _eva(model, image_size):
   if m.gated_mlp == "packed" and m.mlp_norm:
     raise NoTwin("timm's Eva has no packed SwiGLU with a norm inside.")
   return Eva(**kw)
+
+
+def _beit(model, image_size):
+  from timm.models.beit import Beit  # pylint: disable=import-outside-toplevel
+
+  m = model
+  lacks = [what for what, has in (
+      ("a key bias (it has q and v biases only)", m.qkv_bias and m.key_bias),
+      ("RoPE", m.rope is not None), ("registers", m.num_registers),
+      ("a distillation token", m.distilled), ("a norm before the blocks",
+                                               m.pre_norm),
+      ("a norm after the patch embedding", m.patch_norm),
+      ("q/k norms", m.qk_norm), ("a norm inside the attention", m.attn_norm),
+      ("post-norm blocks", m.post_norm), ("a MAP head", m.classifier == "map"),
+      ("a model without biases on the projections", not m.proj_bias),
+      ("RMSNorm", m.norm_type != "layer"),
+      ("a packed gated MLP", m.gated_mlp == "packed"),
+      ("another activation than exact GELU (SiLU for its SwiGLU)",
+       m.act != ("silu" if m.gated_mlp else "gelu")),
+      ("no final norm nor fc_norm", not m.final_norm and not m.fc_norm))
+      if has]
+  if lacks:
+    raise NoTwin(f"timm's Beit has no {'; no '.join(lacks)}.")
+  d = m.hidden_size
+  return Beit(
+      img_size=image_size, patch_size=m.patch_size, embed_dim=d,
+      depth=m.num_layers, num_heads=m.num_heads, qkv_bias=m.qkv_bias,
+      mlp_ratio=_ratio(m.mlp_dim, d), swiglu_mlp=m.gated_mlp == "split",
+      scale_mlp=m.mlp_norm, norm_layer=_norm(m),
+      init_values=m.layer_scale_init, use_abs_pos_emb=m.abs_pos_embed,
+      use_rel_pos_bias=m.rel_pos_bias == "block",
+      use_shared_rel_pos_bias=m.rel_pos_bias == "shared",
+      global_pool=_pool(m), use_fc_norm=m.fc_norm,
+      num_classes=m.num_classes or 0)
 
 
 def torch_model(model, variables, image_size: Optional[int] = None):
