@@ -318,6 +318,7 @@ def _finish(variables, arch: Dict[str, Any], image_size, overrides,
         num_prefix_tokens=trees.pos_prefix_rows(model),
         method=resample or (their[0].resample if their else "torchvision"),
         remainder_ok=True)
+    variables = posemb.resize_rel_pos(variables, size, model.patch_size)
     h, w = models.pair(size)
     if h % model.patch_size or w % model.patch_size:
       model = model.clone(image_size=size)
@@ -362,6 +363,7 @@ def resize_patch(model, variables, patch_size: int, image_size=None):
       variables, (h, w), patch_size,
       num_prefix_tokens=0 if model.no_embed_class else model.num_prefix_tokens,
       method="timm")
+  variables = posemb.resize_rel_pos(variables, (h, w), patch_size)
   variables = posemb.resize_patch_embed(variables, patch_size)
   return model.clone(patch_size=patch_size), variables
 

@@ -13,6 +13,9 @@ patch size used at another.
   kernel to another patch size: the same numbers as timm's
   ``resample_patch_embed`` (and big_vision's ``resample_patchemb`` up to its
   resize), so that ``<x, w> == <resize(x), resample(w)>`` for patches ``x``.
+* :func:`resize_rel_pos`: BEiT's relative position tables on a new patch
+  grid, as timm's BEiT loads them at another ``img_size``
+  (``resize_rel_pos_bias_table``; :mod:`vit_jax.models.relpos`).
 
 The interpolation matrices are :mod:`vit_jax.models.interpolate`'s.
 """
@@ -24,7 +27,7 @@ from typing import Optional, Tuple
 
 import numpy as np
 
-from vit_jax.models import interpolate
+from vit_jax.models import interpolate, relpos
 from vit_jax import models
 from vit_jax.weights import trees
 
@@ -123,6 +126,31 @@ def resize_posemb(variables, image_size, patch_size: Optional[int] = None,
                         num_prefix_tokens=num_prefix_tokens, method=method,
                         old_grid=old_grid)
   return _replace_posemb(variables, new)
+
+
+def resize_rel_pos(variables, image_size, patch_size: Optional[int] = None,
+                   old_grid: Optional[Tuple[int, int]] = None):
+  """Returns ``variables`` (per-layer) with every relative position table
+  (``.../rel_pos_bias/table``) resized to the patch grid of ``image_size``
+  as timm's BEiT does when built at another ``img_size``
+  (:func:`vit_jax.models.relpos.resize_table`; ``old_grid``: the tables'
+  grid, default the square their rows give, as timm's loader assumes). A
+  tree without one comes back as it is; a table already of the new grid is
+  kept."""
+  flat = trees.flatten(trees.wrap(variables))
+  keys = [k for k in flat if k.endswith("/rel_pos_bias/table")]
+  if not keys:
+    return variables
+  if patch_size is None:
+    patch_size = int(np.shape(flat["params/embedding/kernel"])[0])
+  h, w = models.pair(image_size)
+  new = (h // patch_size, w // patch_size)
+  for k in keys:
+    table = flat[k]
+    if np.shape(table)[0] != relpos.table_rows(new):
+      flat[k] = relpos.resize_table(table, new, old_grid)
+  out = trees.unflatten(flat)
+  return out if "params" in variables else out["params"]
 
 
 def _is_square(n: int) -> bool:
