@@ -326,7 +326,10 @@ TIMM_BEIT = Layout("timm_beit", rows=(
     *norm("norm.", "params/Transformer/encoder_norm"),
     *norm("fc_norm.", "params/fc_norm"),
     *dense("head.", "params/head"),
-), aliases=((r"^module\.", ""),), resample="timm")
+), aliases=((r"^module\.", ""),), resample="timm",
+   # The index of a table is computed from the grid (BEiT's own
+   # checkpoints saved it; timm's loader drops it too).
+   ignored=r"relative_position_index$")
 
 
 def timm_layout(keys) -> str:
@@ -582,11 +585,76 @@ TRANSFORMERS_SIGLIP2 = Layout("transformers_siglip2", rows=(
     *TRANSFORMERS_SIGLIP.rows[3:],
 ), aliases=_TOWER_ALIASES, ignored=_OTHER_TOWER)
 
+# transformers' BEiT (BeitModel, BeitForImageClassification: v5 names, which
+# its state_dict() has; files keep the v4 names, renamed on the way in) and
+# Data2Vec-Vision (Data2VecVisionModel / ...ForImageClassification, whose
+# modules keep the v4 names): timm's Beit in other names. q and v biases, no
+# key bias; LayerScale lambda_1 / lambda_2; a relative position table per
+# layer or one shared; with use_mean_pooling the pooler's norm is our
+# fc_norm, else the final layernorm the encoder's norm. The mask token
+# (masked-image pretraining) is not kept.
+def _hf_beit_rows(v4: bool):
+  blk = "encoder.layer.{i}." if v4 else "layers.{i}."
+  attn = blk + ("attention.attention." if v4 else "attention.")
+  q, k, v = ("query", "key", "value") if v4 else ("q_proj", "k_proj", "v_proj")
+  table = ".relative_position_bias_table"
+  own = Row((attn if v4 else blk) + "relative_position_bias" + table,
+            (ATTN + REL_TABLE,))
+  norms = (*norm(blk + "layernorm_before.", E + "LayerNorm_0"),
+           *norm(blk + "layernorm_after.", E + "LayerNorm_1"))
+  return (
+      Row("embeddings.cls_token", ("params/cls",)),
+      Row("embeddings.position_embeddings", (POS,)),
+      *conv("embeddings.patch_embeddings.projection.", "params/embedding"),
+      Row(("encoder.relative_position_bias" if v4
+           else "shared_position_bias") + table,
+          ("params/Transformer" + REL_TABLE,)),
+      Repeat((
+          Row(blk + "lambda_1", (E + "LayerScale_0/scale",)),
+          Row(blk + "lambda_2", (E + "LayerScale_1/scale",)),
+          *split_qkv(attn, ATTN, names=(q, k, v)),
+          *((own,) if v4 else ()),
+          *out_proj(blk + ("attention.output.dense." if v4
+                           else "attention.o_proj."), ATTN),
+          *(() if v4 else norms),
+          *dense(blk + ("intermediate.dense." if v4 else "mlp.fc1."),
+                 E + "MlpBlock_0/Dense_0"),
+          *dense(blk + ("output.dense." if v4 else "mlp.fc2."),
+                 E + "MlpBlock_0/Dense_1"),
+          *(norms if v4 else ()),
+          *(() if v4 else (own,)),
+      )),
+      *norm("layernorm.", "params/Transformer/encoder_norm"),
+      *norm("pooler.layernorm.", "params/fc_norm"),
+      *dense("classifier.", "params/head"),
+  )
+
+
+_HF_BEIT_IGNORED = r"^embeddings\.mask_token$|relative_position_index$"
+TRANSFORMERS_BEIT = Layout("transformers_beit", rows=_hf_beit_rows(False),
+                           aliases=(
+    (r"^module\.", ""), (r"^(beit|data2vec_vision)\.", ""),
+    (r"^encoder\.relative_position_bias\.", "shared_position_bias."),
+    (r"^encoder\.layer\.(\d+)\.attention\.attention\.relative_position_bias\.",
+     r"layers.\1.relative_position_bias."),
+    (r"^encoder\.layer\.(\d+)\.attention\.attention\.(q|k|v)[a-z]*\.",
+     r"layers.\1.attention.\2_proj."),
+    (r"^encoder\.layer\.(\d+)\.attention\.output\.dense\.",
+     r"layers.\1.attention.o_proj."),
+    (r"^encoder\.layer\.(\d+)\.intermediate\.dense\.", r"layers.\1.mlp.fc1."),
+    (r"^encoder\.layer\.(\d+)\.output\.dense\.", r"layers.\1.mlp.fc2."),
+    (r"^encoder\.layer\.", "layers."),
+), ignored=_HF_BEIT_IGNORED)
+TRANSFORMERS_DATA2VEC_VISION = Layout(
+    "transformers_data2vec_vision", rows=_hf_beit_rows(True),
+    aliases=((r"^module\.", ""), (r"^data2vec_vision\.", "")),
+    ignored=_HF_BEIT_IGNORED)
+
 LAYOUTS = {layout.name: layout for layout in (
     TORCHVISION, TIMM, TIMM_EVA, TIMM_BEIT, TIMM_NAFLEX, TRANSFORMERS_VIT,
     TRANSFORMERS_DINOV2, TRANSFORMERS_DINOV2_REG, TRANSFORMERS_DINOV3,
     TRANSFORMERS_CLIP, TRANSFORMERS_SIGLIP, TRANSFORMERS_SIGLIP2,
-    TRANSFORMERS_AIMV2)}
+    TRANSFORMERS_AIMV2, TRANSFORMERS_BEIT, TRANSFORMERS_DATA2VEC_VISION)}
 # transformers' model_type -> the layout of its weights.
 HF_MODEL_TYPES = {"vit": "transformers", "dinov2": "transformers_dinov2",
                   "dinov2_with_registers": "transformers_dinov2_reg",
@@ -598,7 +666,9 @@ HF_MODEL_TYPES = {"vit": "transformers", "dinov2": "transformers_dinov2",
                   "siglip2": "transformers_siglip2",
                   "siglip2_vision_model": "transformers_siglip2",
                   "aimv2": "transformers_aimv2",
-                  "aimv2_vision_model": "transformers_aimv2"}
+                  "aimv2_vision_model": "transformers_aimv2",
+                  "beit": "transformers_beit",
+                  "data2vec-vision": "transformers_data2vec_vision"}
 
 
 def transformers_layout_of(arch: Mapping[str, Any]) -> str:
@@ -606,7 +676,9 @@ def transformers_layout_of(arch: Mapping[str, Any]) -> str:
   trees.arch_of`) exports to: SigLIP for a MAP head, CLIP for a norm before
   the blocks, AIMv2 for RMSNorm, DINOv3 for RoPE (no position embedding),
   DINOv2 with registers / DINOv2 for LayerScale, else ViT; SigLIP 2's
-  NaFlex tower for a NaFlex model."""
+  NaFlex tower for a NaFlex model; BEiT's for a relative position bias."""
+  if arch.get("rel_pos_bias"):
+    return "transformers_beit"
   if arch.get("naflex"):
     return "transformers_siglip2"
   if arch.get("classifier") == "map":
@@ -643,6 +715,9 @@ _SIGNATURES = (
     (r"^embeddings\.patch_embeddings\.weight$|^(model\.)?layer\.\d+\."
      r"layer_scale1", "transformers_dinov3"),
     (r"^embeddings\.register_tokens$", "transformers_dinov2_reg"),
+    (r"^(layers|encoder\.layer)\.\d+\.(lambda_1$|(attention\.attention\.)?"
+     r"relative_position_bias\.)|^(shared_position_bias|encoder\."
+     r"relative_position_bias)\.", "transformers_beit"),
     (r"layer_scale1\.lambda1$|^encoder\.layer\.\d+\.norm1\.",
      "transformers_dinov2"),
     (r"^embeddings\.patch_embeddings\.projection\.weight$", "transformers"),
@@ -665,7 +740,7 @@ def detect(keys) -> Optional[str]:
   timm's two classes are one answer, ``'timm'``: :func:`timm_layout` tells
   them apart."""
   keys = [re.sub(r"^(module|vision_model|vit|dinov2(_with_registers)?|"
-                 r"dinov3)\.", "", k) for k in keys]
+                 r"dinov3|beit|data2vec_vision)\.", "", k) for k in keys]
   for pattern, layout in _SIGNATURES:
     if any(re.search(pattern, k) for k in keys):
       return layout
@@ -1009,7 +1084,9 @@ _HF_DEFAULTS = {"transformers": ("gelu", 1e-12),
                 "transformers_clip": ("quick_gelu", 1e-5),
                 "transformers_siglip": ("gelu_pytorch_tanh", 1e-6),
                 "transformers_siglip2": ("gelu_pytorch_tanh", 1e-6),
-                "transformers_aimv2": ("silu", 1e-5)}
+                "transformers_aimv2": ("silu", 1e-5),
+                "transformers_beit": ("gelu", 1e-12),
+                "transformers_data2vec_vision": ("gelu", 1e-12)}
 
 
 def transformers_hints(config: Mapping[str, Any], layout: str) -> Dict[str, Any]:
@@ -1049,6 +1126,9 @@ def transformers_hints(config: Mapping[str, Any], layout: str) -> Dict[str, Any]
     out["no_embed_registers"] = True
   if layout == "transformers_siglip2":  # its resize of the position table
     out["naflex"] = "bilinear_aa"
+  if layout in ("transformers_beit", "transformers_data2vec_vision"):
+    # The pooler: the mean of the patches (then its norm), or the class token.
+    out["classifier"] = "gap" if config.get("use_mean_pooling", True) else "token"
   if layout == "transformers_aimv2":
     if config.get("is_native"):
       raise ValueError("config.json is_native=True: AIMv2's native-resolution "

@@ -51,15 +51,21 @@ def to_state_dict(variables, layout: str
   if layout == "transformers":
     layout = transformers_layout(variables)
   sd = build.to_state_dict(variables, layout)
-  if layout != "transformers" or "classifier.weight" not in sd:
+  prefix = _CLASSIFIER_PREFIX.get(layout)
+  if prefix is None or "classifier.weight" not in sd:
     return sd
   if "pooler.dense.weight" in sd:
     raise ValueError("transformers' ViTForImageClassification has no pooler: "
                      "a tree with both pre_logits and a head cannot be "
                      "exported to it.")
   return collections.OrderedDict(
-      (k if k.startswith("classifier.") else "vit." + k, v)
+      (k if k.startswith("classifier.") else prefix + k, v)
       for k, v in sd.items())
+
+
+# The ...ForImageClassification models' prefix of their encoder's keys.
+_CLASSIFIER_PREFIX = {"transformers": "vit.", "transformers_beit": "beit.",
+                      "transformers_data2vec_vision": "data2vec_vision."}
 
 
 def to_torch(state_dict) -> "collections.OrderedDict":
