@@ -35,6 +35,7 @@ FAMILIES = [
     ("aimv2_large_patch14_224.apple_pt", {}),
     ("deit_tiny_distilled_patch16_224.fb_in1k", {}),
     ("vit_tiny_r_s16_p8_224.augreg_in21k_ft_in1k", {}),  # R+ViT-Ti hybrid
+    ("beit_base_patch16_224.in22k_ft_in22k_in1k", {}),  # relative positions
 ]
 
 
@@ -93,7 +94,7 @@ def test_the_tables_are_timms_today():
     "vit_so400m_patch14_siglip_384", "vit_small_plus_patch16_dinov3",
     "eva02_base_patch14_448", "vit_pe_core_gigantic_patch14_448",
     "aimv2_large_patch14_224", "deit_tiny_distilled_patch16_224",
-    "vit_base_patch16_clip_quickgelu_224"])
+    "vit_base_patch16_clip_quickgelu_224", "beit_base_patch16_384"])
 def test_get_model_builds_timms_architectures(name):
   """timm's names in the one constructor: the parameter count of timm's
   own model (meta device; ours by eval_shape: nothing allocated)."""
@@ -156,10 +157,11 @@ def test_create_model_pretrained_from_a_local_hub_cache(hub, name,
   want = rec.preprocessing()  # the record's, at the stand-in's size
   assert (pre.mean, pre.std, pre.interpolation) == (want.mean, want.std,
                                                     want.interpolation)
-  # The weights' own size where the position embedding tells (a RoPE-only
-  # model, DINOv3, runs at any size: the record's).
-  assert pre.crop_size == (size if model.abs_pos_embed else
-                           rec.input_size[-1])
+  # The weights' own size where the position embedding (or BEiT's
+  # relative position table) tells (a RoPE-only model, DINOv3, runs at any
+  # size: the record's).
+  assert pre.crop_size == (size if model.abs_pos_embed or model.rel_pos_bias
+                           else rec.input_size[-1])
   assert loaded.head == rec.head
   if rec.labels == "imagenet-1k":
     assert loaded.label_names == labels.imagenet_categories()
