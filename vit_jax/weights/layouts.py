@@ -340,7 +340,9 @@ def timm_layout(keys) -> str:
   keys = list(keys)
   if any(k.startswith("embeds.") for k in keys):
     return "timm_naflex"
-  if any(k.endswith("relative_position_bias_table") for k in keys):
+  beit = re.compile(r"^(blocks\.\d+\.attn\.|rel_pos_bias\.)"
+                    r"relative_position_bias_table$")  # not Swin's layers.*
+  if any(beit.match(k) for k in keys):
     return "timm_beit"
   eva = re.compile(r"^blocks\.\d+\.(gamma_1|attn\.q_bias|attn\.q_proj\.)")
   return "timm_eva" if any(eva.match(k) for k in keys) else "timm"
