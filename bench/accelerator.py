@@ -91,6 +91,7 @@ def bench_config(args, *, attention=None, scan=False, batch=None):
   c.model.dtype = args.dtype
   c.model.attention_impl = attention
   c.model.scan_layers = bool(scan)
+  c.model.remat_policy = args.remat
   c.model.drop_path_rate = 0.0
   c.pp.mixup_alpha = 0.0
   c.pp.randaugment_layers = 0
@@ -135,8 +136,12 @@ def step_rate(args, *, batch: int, attention: str, scan: bool,
     jax.block_until_ready(state.step)
     times.append(time.perf_counter() - t)
   compile_s, wall = times[0], times[-1]
-  if profile_dir:
-    with jax.profiler.trace(profile_dir, create_perfetto_trace=True):
+  if profile_dir:  # the trace, and the HLO that names its ops
+    os.makedirs(profile_dir, exist_ok=True)
+    with open(os.path.join(profile_dir, "step.hlo.txt"), "w") as f:
+      f.write(fns.train_step.lower(state, batch_arr, votes).compile()
+              .as_text())
+    with jax.profiler.trace(profile_dir):
       for _ in range(3):
         state, _ = fns.train_step(state, batch_arr, votes)
       jax.block_until_ready(state.step)
@@ -320,6 +325,7 @@ def end_to_end(args, folder: str, first: dict) -> dict:
                  async_checkpointing=False, **{
                      "model.dtype": args.dtype, "model.drop_path_rate": 0.0,
                      "model.scan_layers": bool(first["scan"]),
+                     "model.remat_policy": args.remat,
                      "pp.mixup_alpha": 0.0, "pp.randaugment_layers": 0},
                  **({"model.attention_impl": first["attention"]}
                     if first["attention"] is not None else {})).items()]
@@ -347,6 +353,8 @@ def main(argv=None):
   p.add_argument("--model", help="default vit_b_16 (vit_ti_16 on CPU)")
   p.add_argument("--image-size", type=int)
   p.add_argument("--dtype", default="bfloat16")
+  p.add_argument("--remat", default="", help="the blocks' remat_policy "
+                 "(full, dots, ...; default none)")
   p.add_argument("--batch", type=int, nargs="+",
                  help="per device; default 256 512 (4 8 on CPU)")
   p.add_argument("--attention", nargs="+",

@@ -51,12 +51,36 @@ _TINY = 1e-30
 _INSTR = re.compile(r"^\s*(?:ROOT )?%?([\w.\-]+) = ([^=]+?) (\w[\w\-]*)\(")
 _CALLS = re.compile(r"(?:calls|to_apply|body|condition)=%?([\w.\-]+)")
 _META = re.compile(r'op_name="([^"]*)"')
+_SHAPE = re.compile(r"\w+\[([\d,]*)\]")
+_LHS_C = re.compile(r'lhs_contracting_dim(?:s=\{|ensions":\[)([\d",]*)')
+
+
+def _dims(text: str) -> list:
+  return [int(d) for d in text.replace('"', "").split(",") if d]
+
+
+def _dot_flops(shape: str, args: str, line: str, shapes: dict) -> int:
+  """2 x output elements x contracted size of a dot / cuBLAS GEMM line
+  (``args``: its text after the opcode's parenthesis); the left operand's
+  shape inline or from its definition (``shapes``)."""
+  lhs = _SHAPE.match(args.strip()) or _SHAPE.match(
+      shapes.get(args.split(",")[0].strip(" %)"), ""))
+  out, contract = _SHAPE.search(shape), _LHS_C.search(line)
+  if not (out and lhs and contract):
+    return 0
+  n, dims = 2, _dims(lhs.group(1))
+  for d in _dims(out.group(1)):
+    n *= d
+  for c in _dims(contract.group(1)):
+    n *= dims[c]
+  return n
 
 
 def parse_hlo(text: str):
-  """{instruction: (opcode, [called computations], [op_name])} and
-  {computation: [instruction names]} of an HLO module's text."""
-  instrs, comps, current = {}, {}, None
+  """{instruction: (opcode, [called computations], [op_name], FLOPs)} and
+  {computation: [instruction names]} of an HLO module's text; a cuBLAS
+  GEMM counts as a dot, cuDNN's fused attention as "fmha"."""
+  instrs, comps, current, shapes, dots = {}, {}, None, {}, []
   for line in text.split("\n"):
     s = line.strip()
     if s.endswith("{") and ("(" in s) and "=" not in s.split("(")[0]:
@@ -67,26 +91,36 @@ def parse_hlo(text: str):
     m = _INSTR.match(line)
     if m and current is not None:
       name, opcode = m.group(1), m.group(3)
-      if opcode == "dot" and "lhs_batch_dims=" in line:
-        opcode = "batched-dot"  # attention's (B*H, N, .) products
-      instrs[name] = (opcode, _CALLS.findall(line), _META.findall(line))
+      shapes[name] = m.group(2).strip().lstrip("(")
+      if opcode == "custom-call" and "$fmha" in line:
+        opcode = "fmha"
+      elif opcode == "custom-call" and "__cublas" in line:
+        opcode = "dot"
+      if opcode == "dot":
+        dots.append((name, m.group(2), line[m.end():], line))
+        if re.search(r'lhs_batch_dim(s=\{\d|ensions":\["?\d)', line):
+          opcode = "batched-dot"  # attention's (B*H, N, .) products
+      instrs[name] = (opcode, _CALLS.findall(line), _META.findall(line), 0)
       comps[current].append(name)
+  for name, shape, args, line in dots:
+    instrs[name] = instrs[name][:3] + (_dot_flops(shape, args, line, shapes),)
   return instrs, comps
 
 
 def _inner(name, instrs, comps, seen=None):
-  """Opcodes and op_names of an instruction and of everything in the
-  computations it calls."""
+  """Opcodes, op_names and FLOPs of an instruction and of everything in
+  the computations it calls."""
   seen = seen if seen is not None else set()
-  opcode, calls, meta = instrs.get(name, ("?", [], []))
+  opcode, calls, meta, flops = instrs.get(name, ("?", [], [], 0))
   ops, metas = {opcode}, list(meta)
   for c in set(calls) - seen:
     seen.add(c)
     for i in comps.get(c, ()):
-      o, m = _inner(i, instrs, comps, seen)
+      o, m, f = _inner(i, instrs, comps, seen)
       ops |= o
       metas += m
-  return ops, metas
+      flops += f
+  return ops, metas, flops
 
 
 def group_of(ops, metas) -> str:
@@ -98,7 +132,7 @@ def group_of(ops, metas) -> str:
                                      "transpose(", "softmax_cross_entropy"))
   if metas and not in_model:
     return "optimizer"
-  if "batched-dot" in ops:  # (B*H, N, .) x (B*H, ., .): scores, values
+  if ops & {"batched-dot", "fmha"}:  # (B*H, N, .) x (B*H, ., .), fused
     return "attention matmuls"
   if ops & {"dot", "convolution"}:  # 2-D (tokens, width) GEMMs
     if "convolution" in ops or "embedding" in text:
@@ -119,30 +153,32 @@ def group_of(ops, metas) -> str:
   return "loss + other"
 
 
-def thunk_times(trace_dir: str):
-  """{HLO instruction name: total picoseconds} over every thunk event of
-  the trace's host plane."""
+def op_times(trace_dir: str):
+  """({HLO instruction: total ns}, busy ns, span ns) of the newest
+  ``jax.profiler`` trace under ``trace_dir``: the ops of the first device
+  plane that has them (GPU, TPU), else the host's XLA thunks (CPU). Busy:
+  the union of the ops' intervals; span: first start to last end."""
+  from jax.profiler import ProfileData  # pylint: disable=import-outside-toplevel
   files = sorted(glob.glob(os.path.join(trace_dir, "**", "*.xplane.pb"),
                            recursive=True))
-  tf = importlib.util.find_spec("tensorflow")
-  if not files or tf is None:
-    raise RuntimeError(f"no *.xplane.pb under {trace_dir}, or no TensorFlow "
-                       "(its xplane_pb2 reads JAX's trace)")
-  s = importlib.util.spec_from_file_location("xplane_pb2", os.path.join(
-      tf.submodule_search_locations[0], "tsl/profiler/protobuf/xplane_pb2.py"))
-  xplane = importlib.util.module_from_spec(s)
-  s.loader.exec_module(xplane)
-  space = xplane.XSpace()
-  with open(files[-1], "rb") as f:
-    space.ParseFromString(f.read())
-  out = collections.Counter()
-  for plane in (p for p in space.planes if p.name == "/host:CPU"):
-    for line in (ln for ln in plane.lines if ln.name.startswith("tf_XLA")):
-      for e in line.events:
-        name = plane.event_metadata[e.metadata_id].name
-        if not name.startswith(("end: ", "Thread", "ThunkExecutor")):
-          out[name] += e.duration_ps
-  return out
+  if not files:
+    raise RuntimeError(f"no *.xplane.pb under {trace_dir}")
+  planes = list(ProfileData.from_file(files[-1]).planes)
+  dev = [ln for p in planes if p.name.startswith("/device:")
+         for ln in p.lines if ln.name == "XLA Ops"][:1]
+  lines = dev or [ln for p in planes if p.name == "/host:CPU"
+                  for ln in p.lines if ln.name.startswith("tf_XLA")]
+  out, spans = collections.Counter(), []
+  for ln in lines:
+    for e in ln.events:
+      if not e.name.startswith(("end: ", "Thread", "ThunkExecutor")):
+        out[e.name] += e.duration_ns
+        spans.append((e.start_ns, e.end_ns))
+  busy, end = 0.0, float("-inf")
+  for a, b in sorted(spans):
+    busy, end = busy + max(0.0, b - max(a, end)), max(end, b)
+  span = end - min(a for a, _ in spans) if spans else 0.0
+  return out, busy, span
 
 
 # Each ablation variant: the groups its stand-ins replace.
@@ -252,14 +288,14 @@ def _jax(spec):
       for _ in range(spec["steps"]):
         step()
       jax.profiler.stop_trace()
-      times = thunk_times(d)
+      times, _, _ = op_times(d)
     instrs, comps = parse_hlo(compiled[""].as_text())
     groups, detail = collections.Counter(), collections.Counter()
-    for name, ps in times.items():
-      g = group_of(*_inner(name, instrs, comps)) if name in instrs else (
+    for name, ns in times.items():
+      g = group_of(*_inner(name, instrs, comps)[:2]) if name in instrs else (
           "loss + other")
-      groups[g] += ps / 1e9 / spec["steps"]  # ms per step
-      detail[f"{g}: {name}"] += ps / 1e9 / spec["steps"]
+      groups[g] += ns / 1e6 / spec["steps"]  # ms per step
+      detail[f"{g}: {name}"] += ns / 1e6 / spec["steps"]
     return groups, detail
   return _finish(spec, runs, first, profile)
 
@@ -370,6 +406,89 @@ def child(spec):
   return {"jax": _jax, "torch": _torch}[spec["framework"]](spec)
 
 
+# Reading traces saved elsewhere (bench/accelerator.py --profile DIR).
+
+
+def read_jax_trace(trace_dir: str, steps: int):
+  """The groups (ms per step), the idle time and the largest ops of a
+  saved ``jax.profiler`` trace, named by ``step.hlo.txt`` beside it; a
+  GEMM's or attention op's achieved TFLOP/s beside its time."""
+  times, busy, span = op_times(trace_dir)
+  with open(os.path.join(trace_dir, "step.hlo.txt")) as f:
+    instrs, comps = parse_hlo(f.read())
+  groups, detail = collections.Counter(), collections.Counter()
+  flops = {}
+  for name, ns in times.items():
+    ops, metas, fl = _inner(name, instrs, comps) if name in instrs else (
+        set(), [], 0)
+    g = group_of(ops, metas) if name in instrs else "loss + other"
+    groups[g] += ns / 1e6 / steps
+    detail[f"{g}: {name}"] += ns / 1e6 / steps
+    flops[f"{g}: {name}"] = fl
+  groups["idle (no op running)"] = (span - busy) / 1e6 / steps
+  return groups, [(k, ms, flops[k] / ms / 1e9 if flops[k] else None)
+                  for k, ms in detail.most_common(20)]
+
+
+def torch_kernel_group(name: str) -> str:
+  """A CUDA kernel's group by its name (eager ATen kernels, cuBLAS /
+  CUTLASS GEMMs, torch.compile's Triton kernels named by what they fuse)."""
+  n = name.lower()
+  for g, keys in (("attention matmuls", ("flash", "fmha", "attention")),
+                  ("dense GEMMs", ("gemm", "cutlass", "nvjet", "xmma",
+                                   "_mm_", "triton_tem_fused")),
+                  ("optimizer", ("adam", "foreach", "multi_tensor")),
+                  ("patch embedding", ("conv", "implicit")),
+                  ("loss + other", ("nll", "cross_entropy", "log_softmax")),
+                  ("softmax", ("softmax",)), ("LayerNorm", ("layer_norm",)),
+                  ("GELU", ("gelu",)),
+                  ("layout copies", ("copy", "transpose", "permute", "cat"))):
+    if any(k in n for k in keys):
+      return g
+  return "loss + other"
+
+
+def read_torch_trace(path: str, steps: int):
+  """The same for a ``torch.profiler`` Chrome trace with CUDA kernels."""
+  with open(path) as f:
+    events = [e for e in json.load(f)["traceEvents"]
+              if e.get("cat") == "kernel" and e.get("ph") == "X"]
+  if not events:
+    raise SystemExit(f"{path}: no CUDA kernels in this trace (a CPU run's "
+                     "torch ops are in `bench/ops.py` without --trace)")
+  groups, detail = collections.Counter(), collections.Counter()
+  for e in events:
+    g = torch_kernel_group(e["name"])
+    groups[g] += e["dur"] / 1e3 / steps
+    detail[f"{g}: {e['name'][:90]}"] += e["dur"] / 1e3 / steps
+  spans = sorted((e["ts"], e["ts"] + e["dur"]) for e in events)
+  busy, end = 0.0, float("-inf")
+  for a, b in spans:
+    busy, end = busy + max(0.0, b - max(a, end)), max(end, b)
+  if spans:
+    groups["idle (no op running)"] = (end - spans[0][0] - busy) / 1e3 / steps
+  return groups, [(k, ms, None) for k, ms in detail.most_common(20)]
+
+
+def format_traces(tables: dict) -> str:
+  """Side-by-side groups (ms per step, share of the step) of traces."""
+  names = list(tables)
+  lines = [f"{'group':22}" + "".join(f" {n[:24]:>24}" for n in names)]
+  for g in GROUPS + ("idle (no op running)", "step"):
+    row = f"{g:22}"
+    for n in names:
+      groups = tables[n][0]
+      total = sum(groups.values())
+      ms = total if g == "step" else groups.get(g, 0.0)
+      row += f" {ms:10.2f} ms {100 * ms / total:6.1f} %  "
+    lines.append(row)
+  for n in names:
+    lines += ["", f"largest ops of {n} (ms/step, achieved TFLOP/s):"]
+    lines += [f"  {ms:8.3f}  {'' if tf is None else f'{tf:7.2f} TF/s'} "
+              f"{name}" for name, ms, tf in tables[n][1]]
+  return "\n".join(lines)
+
+
 # the parent.
 
 
@@ -446,8 +565,18 @@ def main(argv=None) -> dict:
   p.add_argument("--ablate", action="store_true",
                  help="what each group costs the step in wall time")
   p.add_argument("--json", action="store_true")
+  p.add_argument("--trace", nargs="+", metavar="PATH",
+                 help="read saved traces instead (bench/accelerator.py "
+                      "--profile DIR: DIR/jax, DIR/torch_*.trace.json), "
+                      "--steps traced steps each")
   machine.add_isa_arg(p)
   args = p.parse_args(argv)
+  if args.trace:
+    tables = {os.path.basename(t.rstrip("/")): (
+        read_jax_trace(t, args.steps) if os.path.isdir(t) else
+        read_torch_trace(t, args.steps)) for t in args.trace}
+    print(format_traces(tables))
+    return tables
   isa_line = machine.set_isa(args.isa)
   spec = {k: v for k, v in vars(args).items() if k not in ("isa", "json")}
   res = dict(spec, machine=machine.cpu_info(), isa=args.isa,
