@@ -767,29 +767,22 @@ _RADIO = r"_radio_v\d"
 _RADIO_ALIGN_CORNERS = r"^vit_(base|huge)_patch16_radio_v3"
 
 # What a family's weights expect (timm's pretrained_cfg defaults).
-TIMM_PREPROCESSING = (
-    (r"_dinov2", dict(mean="imagenet", interpolation="bicubic", crop_pct=1.0)),
-    (r"_dinov3", dict(mean="imagenet", interpolation="bicubic", crop_pct=1.0)),
-    (r"^eva02_.*(_clip_|_224$)", dict(mean="openai_clip",
-                                      interpolation="bicubic", crop_pct=0.9)),
-    (r"^eva02_", dict(mean="openai_clip", interpolation="bicubic",
-                      crop_pct=1.0)),
-    (r"^vit_pe_", dict(mean="half", interpolation="bicubic", crop_pct=1.0)),
-    (r"^aimv2_", dict(mean="openai_clip", interpolation="bicubic",
-                      crop_pct=1.0)),
-    (r"_radio_v\d", dict(mean="openai_clip", interpolation="bicubic",
-                         crop_pct=1.0)),
-    (r"_clip_", dict(mean="openai_clip", interpolation="bicubic", crop_pct=1.0)),
-    (r"^vit_so400m_patch14_siglip_384", dict(mean="half",
-                                             interpolation="bicubic",
-                                             crop_pct=0.9)),
-    (r"_siglip", dict(mean="half", interpolation="bicubic", crop_pct=1.0)),
-    (r"^deit3_.*_384", dict(mean="imagenet", interpolation="bicubic",
-                            crop_pct=1.0)),
-    (r"^deit_.*_384", dict(mean="imagenet", interpolation="bicubic",
-                           crop_pct=1.0)),
-    (r"^deit", dict(mean="imagenet", interpolation="bicubic", crop_pct=0.875)),
-)
+TIMM_PREPROCESSING = tuple(
+    (pattern, dict(mean=mean, interpolation="bicubic", crop_pct=crop_pct))
+    for pattern, mean, crop_pct in (
+        (r"_dinov2", "imagenet", 1.0),
+        (r"_dinov3", "imagenet", 1.0),
+        (r"^eva02_.*(_clip_|_224$)", "openai_clip", 0.9),
+        (r"^eva02_", "openai_clip", 1.0),
+        (r"^vit_pe_", "half", 1.0),
+        (r"^aimv2_", "openai_clip", 1.0),
+        (r"_radio_v\d", "openai_clip", 1.0),
+        (r"_clip_", "openai_clip", 1.0),
+        (r"^vit_so400m_patch14_siglip_384", "half", 0.9),
+        (r"_siglip", "half", 1.0),
+        (r"^deit3_.*_384", "imagenet", 1.0),
+        (r"^deit_.*_384", "imagenet", 1.0),
+        (r"^deit", "imagenet", 0.875)))
 
 
 def parse_timm_name(name: str) -> Optional[Dict[str, Any]]:
