@@ -13,6 +13,21 @@ except ImportError:  # the torch-free parts of the suite still run
 import pytest  # noqa: E402
 
 
+@pytest.fixture
+def record_property(request):
+  """pytest's ``record_property``, the value kept as a plain float (a
+  relative error: :class:`compare.Closeness` gives its ``rel``) or str, so
+  that pytest-xdist's workers can send it to the controller."""
+  def record(name, value):
+    value = getattr(value, "rel", value)
+    try:
+      value = float(value)
+    except (TypeError, ValueError):
+      value = str(value)
+    request.node.user_properties.append((name, value))
+  return record
+
+
 @pytest.fixture(scope="session")
 def digits_run(tmp_path_factory):
   """One seconds-long training run on the bundled digits (``tiny_config()``,
