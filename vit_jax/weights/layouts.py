@@ -592,11 +592,36 @@ TRANSFORMERS_SIGLIP2 = Layout("transformers_siglip2", rows=(
     *TRANSFORMERS_SIGLIP.rows[3:],
 ), aliases=_TOWER_ALIASES, ignored=_OTHER_TOWER)
 
+# transformers' SAM image encoder (SamVisionModel, or a SamModel's
+# vision_encoder): timm's SAM under other names, no head; the blocks' norm
+# epsilon is the config's (1e-6), the neck's 1e-6.
+_HFS = "vision_encoder.layers.{i}."
+_HFN = "vision_encoder.neck."
+TRANSFORMERS_SAM = Layout("transformers_sam", rows=(
+    Row("vision_encoder.pos_embed", (POS,), GRID_TOKENS),
+    *conv("vision_encoder.patch_embed.projection.", "params/embedding"),
+    Repeat((
+        *norm(_HFS + "layer_norm1.", E + "LayerNorm_0"),
+        Row(_HFS + "attn.rel_pos_h", (ATTN + "/rel_pos_h",)),
+        Row(_HFS + "attn.rel_pos_w", (ATTN + "/rel_pos_w",)),
+        *fused_qkv(_HFS + "attn.qkv.weight", _HFS + "attn.qkv.bias", ATTN),
+        *out_proj(_HFS + "attn.proj.", ATTN),
+        *norm(_HFS + "layer_norm2.", E + "LayerNorm_1"),
+        *dense(_HFS + "mlp.lin1.", E + "MlpBlock_0/Dense_0"),
+        *dense(_HFS + "mlp.lin2.", E + "MlpBlock_0/Dense_1"),
+    )),
+    *conv(_HFN + "conv1.", "params/neck/Conv_0")[:1],
+    *norm(_HFN + "layer_norm1.", "params/neck/LayerNorm_0"),
+    *conv(_HFN + "conv2.", "params/neck/Conv_1")[:1],
+    *norm(_HFN + "layer_norm2.", "params/neck/LayerNorm_1"),
+), aliases=((r"^module\.", ""),),
+   ignored=r"^(shared_image_embedding|prompt_encoder|mask_decoder)\.")
+
 LAYOUTS = {layout.name: layout for layout in (
     TORCHVISION, TIMM, TIMM_EVA, TIMM_NAFLEX, TIMM_SAM, TRANSFORMERS_VIT,
     TRANSFORMERS_DINOV2, TRANSFORMERS_DINOV2_REG, TRANSFORMERS_DINOV3,
     TRANSFORMERS_CLIP, TRANSFORMERS_SIGLIP, TRANSFORMERS_SIGLIP2,
-    TRANSFORMERS_AIMV2)}
+    TRANSFORMERS_AIMV2, TRANSFORMERS_SAM)}
 # transformers' model_type -> the layout of its weights.
 HF_MODEL_TYPES = {"vit": "transformers", "dinov2": "transformers_dinov2",
                   "dinov2_with_registers": "transformers_dinov2_reg",
@@ -608,7 +633,9 @@ HF_MODEL_TYPES = {"vit": "transformers", "dinov2": "transformers_dinov2",
                   "siglip2": "transformers_siglip2",
                   "siglip2_vision_model": "transformers_siglip2",
                   "aimv2": "transformers_aimv2",
-                  "aimv2_vision_model": "transformers_aimv2"}
+                  "aimv2_vision_model": "transformers_aimv2",
+                  "sam": "transformers_sam",
+                  "sam_vision_model": "transformers_sam"}
 
 
 def transformers_layout_of(arch: Mapping[str, Any]) -> str:
@@ -616,9 +643,12 @@ def transformers_layout_of(arch: Mapping[str, Any]) -> str:
   trees.arch_of`) exports to: SigLIP for a MAP head, CLIP for a norm before
   the blocks, AIMv2 for RMSNorm, DINOv3 for RoPE (no position embedding),
   DINOv2 with registers / DINOv2 for LayerScale, else ViT; SigLIP 2's
-  NaFlex tower for a NaFlex model."""
+  NaFlex tower for a NaFlex model; SAM's (SamVisionModel) for its neck,
+  windows or relative positions."""
   if arch.get("naflex"):
     return "transformers_siglip2"
+  if arch.get("neck_chans") or arch.get("rel_pos") or arch.get("window_size"):
+    return "transformers_sam"
   if arch.get("classifier") == "map":
     return "transformers_siglip"
   if arch.get("pre_norm"):
@@ -644,6 +674,8 @@ def transformers_layout(config: Optional[Mapping[str, Any]]) -> Optional[str]:
 # (a key that only this layout has, the layout), first match wins; keys are
 # read without a wrapper's prefix.
 _SIGNATURES = (
+    (r"^vision_encoder\.(neck\.|patch_embed\.projection\.)",
+     "transformers_sam"),
     (r"^(class_token$|conv_proj\.|encoder\.layers\.encoder_layer_)",
      "torchvision"),
     (r"^embeddings\.class_embedding$", "transformers_clip"),
@@ -1022,7 +1054,8 @@ _HF_DEFAULTS = {"transformers": ("gelu", 1e-12),
                 "transformers_clip": ("quick_gelu", 1e-5),
                 "transformers_siglip": ("gelu_pytorch_tanh", 1e-6),
                 "transformers_siglip2": ("gelu_pytorch_tanh", 1e-6),
-                "transformers_aimv2": ("silu", 1e-5)}
+                "transformers_aimv2": ("silu", 1e-5),
+                "transformers_sam": ("gelu", 1e-6)}
 
 
 def transformers_hints(config: Mapping[str, Any], layout: str) -> Dict[str, Any]:
@@ -1060,6 +1093,10 @@ def transformers_hints(config: Mapping[str, Any], layout: str) -> Dict[str, Any]
         out[field] = float(value)
   if layout == "transformers_dinov2_reg":
     out["no_embed_registers"] = True
+  if layout == "transformers_sam":  # SamVisionConfig's defaults
+    out.update(window_size=int(config.get("window_size", 14)),
+               global_attn_indexes=tuple(int(i) for i in config.get(
+                   "global_attn_indexes", (2, 5, 8, 11))))
   if layout == "transformers_siglip2":  # its resize of the position table
     out["naflex"] = "bilinear_aa"
   if layout == "transformers_aimv2":
