@@ -93,6 +93,23 @@ def test_from_timm_equals_timm(sam, loaded):
                              rtol=0, atol=TOL * head.scale)
 
 
+@pytest.mark.parametrize("norm", [False, True])
+def test_intermediates_are_timms(sam, loaded, norm):
+  """forward_intermediates as timm's (NCHW; with ``norm`` each block's
+  output through the neck, as timm's SAM does)."""
+  m, _, x, feats, _ = sam
+  model, variables = loaded
+  with torch.no_grad():
+    want_final, want = m.forward_intermediates(torch_in(x), norm=norm)
+  final, got = jax.jit(lambda v, x: model.apply(
+      v, x, method=model.forward_intermediates, norm=norm,
+      output_fmt="NCHW"))(variables, x)
+  assert_close_rel(final, want_final.numpy().transpose(0, 2, 3, 1), TOL)
+  assert len(got) == len(want) == 2
+  for g, w in zip(got, want):
+    assert_close_rel(g, w.numpy(), TOL, "intermediate")
+
+
 def test_to_timm_round_trip_is_strict_and_exact(sam, loaded):
   m, sd, _, _, _ = sam
   back = formats.to_timm(loaded[1])

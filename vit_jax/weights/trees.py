@@ -273,6 +273,11 @@ def _sam_of(p, tr, depth: int, patch: int, image_size) -> Dict[str, Any]:
   conv = p.get("neck", {}).get("Conv_0", {}).get("kernel")
   if conv is not None:
     out["neck_chans"] = int(np.shape(conv)[-1])
+  stacked = tr.get("encoderblock", {}).get("MultiHeadDotProductAttention_0",
+                                          {})
+  if "rel_pos_h" in stacked:  # scanned: tables of one length in every block
+    out["rel_pos"] = True
+    return out
   rows = []
   for i in range(depth):
     attn = tr.get(f"encoderblock_{i}", {}).get(
