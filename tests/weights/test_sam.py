@@ -69,12 +69,16 @@ def loaded(sam):
   return formats.from_timm(sam[1], NAME)
 
 
+def _features(model, variables, x):
+  return np.asarray(jax.jit(lambda v, x: model.apply(
+      v, x, method=model.forward_features))(variables, x))
+
+
 def _run(model, variables, x):
-  fn = jax.jit(lambda v, x: model.apply(v, x, method=model.forward_features))
-  feats = fn(variables, x)
+  feats = _features(model, variables, x)
   logits = jax.jit(lambda v, f: model.apply(
       v, f, method=model.forward_head))(variables, feats)
-  return np.asarray(feats), np.asarray(logits)
+  return feats, np.asarray(logits)
 
 
 def test_from_timm_equals_timm(sam, loaded):
@@ -89,8 +93,9 @@ def test_from_timm_equals_timm(sam, loaded):
                           "neck map")
   head = assert_close_rel(got_logits, logits, TOL)
   print(f"neck map rel {neck.rel:.2e}, logits rel {head.rel:.2e}")
-  np.testing.assert_allclose(model.apply(variables, x), got_logits,
-                             rtol=0, atol=TOL * head.scale)
+  whole = jax.jit(lambda v, x: model.apply(v, x))(variables, x)
+  np.testing.assert_allclose(whole, got_logits, rtol=0,
+                             atol=TOL * head.scale)
 
 
 @pytest.mark.parametrize("norm", [False, True])
@@ -145,7 +150,7 @@ def test_windows_positions_and_neck_matter(sam, loaded):
   for other, v in ((model.clone(window_size=0), variables),
                    (model.clone(window_size=4), variables),
                    (model, no_rel)):
-    got, _ = _run(other, v, x)
+    got = _features(other, v, x)
     assert np.abs(got - want).max() > 1e-3 * scale
 
 
@@ -159,7 +164,7 @@ def test_other_sizes_resize_as_timm(sam, loaded):
   with torch.no_grad():
     want = m.forward_features(torch_in(x)).numpy().transpose(0, 2, 3, 1)
   dyn = model.clone(dynamic_img_size=True, image_size=SIZE)
-  got, _ = _run(dyn, variables, x)
+  got = _features(dyn, variables, x)
   assert_close_rel(got, want, TOL, "neck map at 96 px")
 
 
@@ -205,8 +210,7 @@ def test_transformers_sam_vision_model_both_ways(hf_sam):
   model, variables = formats.from_transformers(path)
   assert (model.window_size, model.global_attn_indexes) == (6, (1,))
   assert model.layer_norm_eps == 1e-6 and model.neck_chans == 32
-  got = jax.jit(lambda v, x: model.apply(
-      v, x, method=model.forward_features))(variables, x)
+  got = _features(model, variables, x)
   neck = assert_close_rel(got, want.transpose(0, 2, 3, 1), TOL, "neck map")
   print(f"transformers neck map rel {neck.rel:.2e}")
   back = formats.to_transformers(variables)
