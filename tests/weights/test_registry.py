@@ -112,6 +112,7 @@ REFUSED = {
     "vit_base_patch16_rope_mixed_224": "RoPE-Mixed",
     "eva_giant_patch14_224": "EVA-01",
     "vit_small_resnet26d_224": "CNN backbone other than BiT",
+    "samvit_base_patch16_224": "without its conv neck",
 }
 
 

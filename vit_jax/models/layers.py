@@ -23,6 +23,7 @@ from jax import lax
 import numpy as np
 
 from vit_jax.models import interpolate, kernels, naflex, rope as rope_lib
+from vit_jax.models import sam as sam_lib
 
 Dtype = Any
 
@@ -179,6 +180,7 @@ class BlockConfig:
   mlp_norm: bool = False
   post_norm: bool = False
   rope: Optional[str] = None
+  rel_pos: bool = False
 
   @classmethod
   def of(cls, module) -> "BlockConfig":
@@ -330,14 +332,17 @@ class MultiHeadDotProductAttention(nn.Module):
   ``rope=(sin, cos, kind)`` rotates the queries and keys after those norms
   (:mod:`vit_jax.models.rope`). ``mask`` (B, S) bool: the keys that may be
   read (a NaFlex batch's padding is not); every path computes the same
-  masked function.
+  masked function. ``rel_pos=(grid, table)``: SAM's decomposed relative
+  positions over the tokens' (h, w) ``grid``, parameters ``rel_pos_h`` /
+  ``rel_pos_w`` made for ``table`` (:mod:`vit_jax.models.sam`).
   """
 
   config: BlockConfig = BlockConfig()
   deterministic: bool = True
 
   @nn.compact
-  def __call__(self, inputs_q, inputs_kv=None, rope=None, mask=None):
+  def __call__(self, inputs_q, inputs_kv=None, rope=None, mask=None,
+               rel_pos=None):
     cfg = self.config
     inputs_kv = inputs_q if inputs_kv is None else inputs_kv
     b, n, d = inputs_q.shape
@@ -367,16 +372,23 @@ class MultiHeadDotProductAttention(nn.Module):
     if rope is not None:
       sin, cos, kind = rope
       q, k = rope_lib.apply(q, sin, cos, kind), rope_lib.apply(k, sin, cos, kind)
+    rel_bias = None
+    if rel_pos is not None:  # SAM's decomposed relative positions
+      grid, table = rel_pos
+      rel_h, rel_w = sam_lib.rel_pos_tables(self, table, hd, cfg.param_dtype)
+      rel_bias = sam_lib.decomposed_bias(q, rel_h, rel_w, grid)
 
     rate = cfg.attention_dropout_rate
     use_dropout = rate > 0.0 and not self.deterministic
     impl = kernels.choose_attention(
         jax.default_backend(), q.dtype, hd, requested=cfg.attention_impl,
         dropout=use_dropout, sow_weights=cfg.sow_attention_weights)
+    if rel_bias is not None:
+      impl = sam_lib.attention_impl(impl, cfg.attention_impl)
     scale = 1.0 / math.sqrt(hd)
     if impl in ("matmul", "weights"):
       qh, kh, vh = (kernels.head_major(t) for t in (q, k, v))
-      bias = None if mask is None else naflex.attention_bias(mask)
+      bias = rel_bias if mask is None else naflex.attention_bias(mask)
       if impl == "weights":
         weights = kernels.attention_weights(qh, kh, scale, bias).astype(
             cfg.dtype)
@@ -514,6 +526,7 @@ class Encoder1DBlock(nn.Module):
   config: BlockConfig = BlockConfig()
   use_drop_path: bool = False
   deterministic: bool = True
+  spatial: Optional[sam_lib.Spatial] = None  # SAM: windows, rel-pos
 
   @nn.compact
   def __call__(self, inputs, drop_path_rate=0.0, rope=None, mask=None):
@@ -534,10 +547,14 @@ class Encoder1DBlock(nn.Module):
       post = lambda name, y: y  # noqa: E731
 
     x = pre("LayerNorm_0", inputs)
-    x = MultiHeadDotProductAttention(
+    attention = MultiHeadDotProductAttention(
         cfg, deterministic=self.deterministic,
-        name="MultiHeadDotProductAttention_0")(
-            x, rope=None if rope is None else (*rope, cfg.rope), mask=mask)
+        name="MultiHeadDotProductAttention_0")
+    if self.spatial is None:
+      x = attention(x, rope=None if rope is None else (*rope, cfg.rope),
+                    mask=mask)
+    else:  # SAM: within windows, with relative positions
+      x = sam_lib.attend(attention, x, self.spatial, cfg.rel_pos)
     x = nn.Dropout(cfg.dropout_rate)(x, deterministic=self.deterministic)
     x = drop_path(scale(post("LayerNorm_0", x))) + inputs
 
@@ -691,7 +708,9 @@ class Encoder(nn.Module):
   position embedding is a ``naflex_grid`` grid (``posembed_input/
   pos_grid``) resized to each image's patch grid, added to the patch
   tokens only (timm's NaFlexEmbeds); a NaFlex batch's ``valid`` mask keeps
-  its padding out of every attention.
+  its padding out of every attention. ``window_size`` /
+  ``global_attn_indexes`` (with the block record's ``rel_pos``): SAM's
+  windowed blocks and relative positions (:mod:`vit_jax.models.sam`).
   """
 
   block: BlockConfig
@@ -716,6 +735,8 @@ class Encoder(nn.Module):
   naflex_square: bool = False
   naflex_align_corners: bool = False
   naflex_grid: Tuple[int, int] = (16, 16)
+  window_size: int = 0  # SAM: windowed attention but in the global blocks
+  global_attn_indexes: Tuple[int, ...] = ()
 
   def _rope_tables(self, grid, num_prefix: int, hidden: int, train: bool):
     if self.block.rope is None:
@@ -805,8 +826,14 @@ class Encoder(nn.Module):
       block_outputs = [outs[i] for i in range(self.num_layers)]
     else:
       block_outputs = []
+      spatial = None
+      if sam_lib.uses_grid(self.window_size, self.block.rel_pos):
+        spatial = sam_lib.block_spatial(
+            self.num_layers, grid, self.base_grid, self.window_size,
+            self.global_attn_indexes, self.block.rel_pos)
       for i in range(self.num_layers):
-        block = block_cls(name=f"encoderblock_{i}", **kwargs)
+        block = block_cls(name=f"encoderblock_{i}", **kwargs, **(
+            {} if spatial is None else {"spatial": spatial[i]}))
         if mask is None:
           x, _ = block(x, float(rates[i]), rope)
         else:

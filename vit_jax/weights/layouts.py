@@ -18,7 +18,7 @@ import numpy as np
 
 from vit_jax.models import resnet as resnet_lib
 from vit_jax.weights.mapping import (
-    DENSE, GRID_ROWS, HEADS, HEADS_BIAS, LINEAR_PATCH, RAW, Layout, Repeat,
+    DENSE, GRID_ROWS, GRID_TOKENS, HEADS, HEADS_BIAS, LINEAR_PATCH, RAW, Layout, Repeat,
     Row, const, conv, dense, expand, fused_qkv, norm, out_proj, part,
     split_qkv, zeros)
 
@@ -299,26 +299,72 @@ TIMM_EVA = Layout("timm_eva", rows=(
 ))
 
 
+# timm's VisionTransformerSAM (Segment Anything's image encoder, timm's
+# samvit_*): a (1, H, W, D) position grid, the decomposed rel-pos tables of
+# each attention, the conv neck, a ClassifierHead (head.fc). SAM's own
+# checkpoints (sam_vit_*.pth: image_encoder.*, mlp.lin1 / lin2, beside the
+# prompt encoder and mask decoder) are renamed as timm's checkpoint_filter_fn.
+_SAM_RE = re.compile(r"^(neck\.|blocks\.\d+\.attn\.rel_pos_h$)")
+TIMM_SAM = Layout("timm_sam", rows=(
+    Row("pos_embed", (POS,), GRID_TOKENS),
+    *conv("patch_embed.proj.", "params/embedding"),
+    *norm("norm_pre.", "params/Transformer/pre_norm"),
+    Repeat((
+        *norm(_TM + "norm1.", E + "LayerNorm_0"),
+        Row(_TM + "attn.rel_pos_h", (ATTN + "/rel_pos_h",)),
+        Row(_TM + "attn.rel_pos_w", (ATTN + "/rel_pos_w",)),
+        *fused_qkv(_TM + "attn.qkv.weight", _TM + "attn.qkv.bias", ATTN),
+        *norm(_TM + "attn.q_norm.", ATTN + "/query_ln"),
+        *norm(_TM + "attn.k_norm.", ATTN + "/key_ln"),
+        *out_proj(_TM + "attn.proj.", ATTN),
+        Row(_TM + "ls1.gamma", (E + "LayerScale_0/scale",)),
+        *norm(_TM + "norm2.", E + "LayerNorm_1"),
+        *dense(_TM + "mlp.fc1.", E + "MlpBlock_0/Dense_0"),
+        *dense(_TM + "mlp.fc2.", E + "MlpBlock_0/Dense_1"),
+        Row(_TM + "ls2.gamma", (E + "LayerScale_1/scale",)),
+    )),
+    *conv("neck.0.", "params/neck/Conv_0")[:1],
+    *norm("neck.1.", "params/neck/LayerNorm_0"),
+    *conv("neck.2.", "params/neck/Conv_1")[:1],
+    *norm("neck.3.", "params/neck/LayerNorm_1"),
+    *dense("head.fc.", "params/head"),
+), aliases=((r"^module\.", ""), (r"^image_encoder\.", ""),
+            (r"\.mlp\.lin([12])\.", r".mlp.fc\1.")),
+   ignored=r"^(prompt_encoder|mask_decoder)\.|^pixel_(mean|std)$",
+   resample="timm", unsupported=(
+    ("neck.weight", "SAM's ViT without its conv neck (a channel LayerNorm "
+     "of epsilon 1e-6 after blocks of 1e-5: timm's samvit_base_patch16_224, "
+     "without released weights)"),
+))
+
+
 def timm_layout(keys) -> str:
-  """``'timm_naflex'`` for NaFlexVit's ``embeds.*``; ``'timm_eva'`` for
+  """``'timm_naflex'`` for NaFlexVit's ``embeds.*``; ``'timm_sam'`` for
+  VisionTransformerSAM's neck or rel-pos tables; ``'timm_eva'`` for
   keys only timm's Eva has (LayerScale ``gamma_1``, ``q_bias`` /
   ``v_bias``, separate ``q_proj``); else ``'timm'``."""
   keys = list(keys)
   if any(k.startswith("embeds.") for k in keys):
     return "timm_naflex"
+  if any(_SAM_RE.match(re.sub(r"^image_encoder\.", "", k)) for k in keys):
+    return "timm_sam"
   eva = re.compile(r"^blocks\.\d+\.(gamma_1|attn\.q_bias|attn\.q_proj\.)")
   return "timm_eva" if any(eva.match(k) for k in keys) else "timm"
 
 
 def timm_layout_of(flat) -> str:
   """The timm class a tree of ours loads into: ``'timm_naflex'`` for a
-  NaFlex position grid (NaFlexVit); ``'timm_eva'`` where only Eva can hold
+  NaFlex position grid (NaFlexVit); ``'timm_sam'`` for SAM's neck or
+  rel-pos tables (VisionTransformerSAM); ``'timm_eva'`` where only Eva can hold
   it (no learned position embedding: DINOv3; a query bias without a key
   bias; LayerScale with a norm before the blocks: PE), else ``'timm'``
   (VisionTransformer)."""
   keys = list(flat)
   if POS_GRID in keys:
     return "timm_naflex"
+  if any(k.startswith("params/neck/") or k.endswith("/rel_pos_h")
+         for k in keys):
+    return "timm_sam"
   if not any("posembed_input" in k for k in keys):
     return "timm_eva"
   if (any(k.endswith("MultiHeadDotProductAttention_0/query/bias")
@@ -546,11 +592,36 @@ TRANSFORMERS_SIGLIP2 = Layout("transformers_siglip2", rows=(
     *TRANSFORMERS_SIGLIP.rows[3:],
 ), aliases=_TOWER_ALIASES, ignored=_OTHER_TOWER)
 
+# transformers' SAM image encoder (SamVisionModel, or a SamModel's
+# vision_encoder): timm's SAM under other names, no head; the blocks' norm
+# epsilon is the config's (1e-6), the neck's 1e-6.
+_HFS = "vision_encoder.layers.{i}."
+_HFN = "vision_encoder.neck."
+TRANSFORMERS_SAM = Layout("transformers_sam", rows=(
+    Row("vision_encoder.pos_embed", (POS,), GRID_TOKENS),
+    *conv("vision_encoder.patch_embed.projection.", "params/embedding"),
+    Repeat((
+        *norm(_HFS + "layer_norm1.", E + "LayerNorm_0"),
+        Row(_HFS + "attn.rel_pos_h", (ATTN + "/rel_pos_h",)),
+        Row(_HFS + "attn.rel_pos_w", (ATTN + "/rel_pos_w",)),
+        *fused_qkv(_HFS + "attn.qkv.weight", _HFS + "attn.qkv.bias", ATTN),
+        *out_proj(_HFS + "attn.proj.", ATTN),
+        *norm(_HFS + "layer_norm2.", E + "LayerNorm_1"),
+        *dense(_HFS + "mlp.lin1.", E + "MlpBlock_0/Dense_0"),
+        *dense(_HFS + "mlp.lin2.", E + "MlpBlock_0/Dense_1"),
+    )),
+    *conv(_HFN + "conv1.", "params/neck/Conv_0")[:1],
+    *norm(_HFN + "layer_norm1.", "params/neck/LayerNorm_0"),
+    *conv(_HFN + "conv2.", "params/neck/Conv_1")[:1],
+    *norm(_HFN + "layer_norm2.", "params/neck/LayerNorm_1"),
+), aliases=((r"^module\.", ""),),
+   ignored=r"^(shared_image_embedding|prompt_encoder|mask_decoder)\.")
+
 LAYOUTS = {layout.name: layout for layout in (
-    TORCHVISION, TIMM, TIMM_EVA, TIMM_NAFLEX, TRANSFORMERS_VIT,
+    TORCHVISION, TIMM, TIMM_EVA, TIMM_NAFLEX, TIMM_SAM, TRANSFORMERS_VIT,
     TRANSFORMERS_DINOV2, TRANSFORMERS_DINOV2_REG, TRANSFORMERS_DINOV3,
     TRANSFORMERS_CLIP, TRANSFORMERS_SIGLIP, TRANSFORMERS_SIGLIP2,
-    TRANSFORMERS_AIMV2)}
+    TRANSFORMERS_AIMV2, TRANSFORMERS_SAM)}
 # transformers' model_type -> the layout of its weights.
 HF_MODEL_TYPES = {"vit": "transformers", "dinov2": "transformers_dinov2",
                   "dinov2_with_registers": "transformers_dinov2_reg",
@@ -562,7 +633,9 @@ HF_MODEL_TYPES = {"vit": "transformers", "dinov2": "transformers_dinov2",
                   "siglip2": "transformers_siglip2",
                   "siglip2_vision_model": "transformers_siglip2",
                   "aimv2": "transformers_aimv2",
-                  "aimv2_vision_model": "transformers_aimv2"}
+                  "aimv2_vision_model": "transformers_aimv2",
+                  "sam": "transformers_sam",
+                  "sam_vision_model": "transformers_sam"}
 
 
 def transformers_layout_of(arch: Mapping[str, Any]) -> str:
@@ -570,9 +643,12 @@ def transformers_layout_of(arch: Mapping[str, Any]) -> str:
   trees.arch_of`) exports to: SigLIP for a MAP head, CLIP for a norm before
   the blocks, AIMv2 for RMSNorm, DINOv3 for RoPE (no position embedding),
   DINOv2 with registers / DINOv2 for LayerScale, else ViT; SigLIP 2's
-  NaFlex tower for a NaFlex model."""
+  NaFlex tower for a NaFlex model; SAM's (SamVisionModel) for its neck,
+  windows or relative positions."""
   if arch.get("naflex"):
     return "transformers_siglip2"
+  if arch.get("neck_chans") or arch.get("rel_pos") or arch.get("window_size"):
+    return "transformers_sam"
   if arch.get("classifier") == "map":
     return "transformers_siglip"
   if arch.get("pre_norm"):
@@ -598,6 +674,8 @@ def transformers_layout(config: Optional[Mapping[str, Any]]) -> Optional[str]:
 # (a key that only this layout has, the layout), first match wins; keys are
 # read without a wrapper's prefix.
 _SIGNATURES = (
+    (r"^vision_encoder\.(neck\.|patch_embed\.projection\.)",
+     "transformers_sam"),
     (r"^(class_token$|conv_proj\.|encoder\.layers\.encoder_layer_)",
      "torchvision"),
     (r"^embeddings\.class_embedding$", "transformers_clip"),
@@ -629,7 +707,7 @@ def detect(keys) -> Optional[str]:
   timm's two classes are one answer, ``'timm'``: :func:`timm_layout` tells
   them apart."""
   keys = [re.sub(r"^(module|vision_model|vit|dinov2(_with_registers)?|"
-                 r"dinov3)\.", "", k) for k in keys]
+                 r"dinov3|image_encoder)\.", "", k) for k in keys]
   for pattern, layout in _SIGNATURES:
     if any(re.search(pattern, k) for k in keys):
       return layout
@@ -681,7 +759,7 @@ TIMM_SIZES = {
 }
 _TIMM_NAME = re.compile(
     r"^(?P<family>vit_pe_(?:core|lang|spatial)|vit|naflexvit|deit3|deit|"
-    r"eva02|aimv2)_"
+    r"eva02|aimv2|samvit)_"
     r"(?P<size>[a-z0-9]+?(?:_plus)?)(?P<distilled>_distilled)?"
     r"_patch(?P<patch>\d+)(?P<rest>_[a-z0-9_]*)?$")
 # The R50+ViT hybrids: vit_{size}_r{resnet depth}_s{stride}[_p{patch}]_{res}.
@@ -699,7 +777,7 @@ _FAMILY_WIDTHS = (
 )
 # The resolution a name without one stands for (timm's pretrained configs).
 _FAMILY_SIZES = ((r"dinov2", 518), (r"_dinov3", 256), (r"_radio_v\d", 512),
-                 (r"^naflexvit_", 384))
+                 (r"^naflexvit_", 384), (r"^samvit_", 1024))
 
 # (pattern on the name, fields) in order; later matches override earlier.
 TIMM_FAMILIES = (
@@ -757,6 +835,13 @@ TIMM_FAMILIES = (
     (r"^naflexvit_.*_radio_v\d", dict(naflex="bilinear", naflex_square=True)),
     (r"^naflexvit_(base|huge)_patch16_radio_v3",
      dict(naflex_align_corners=True)),
+    # SAM (timm's VisionTransformerSAM): windows of 14 patches but in the
+    # global blocks (which the weights' rel-pos tables show where the grid
+    # is not the window: those win), torch's LayerNorm epsilon.
+    (r"^samvit_", dict(window_size=14, layer_norm_eps=1e-5)),
+    (r"^samvit_base", dict(global_attn_indexes=(2, 5, 8, 11))),
+    (r"^samvit_large", dict(global_attn_indexes=(5, 11, 17, 23))),
+    (r"^samvit_huge", dict(global_attn_indexes=(7, 15, 23, 31))),
 )
 # Names whose RoPE reference grid is their own native patch grid.
 _REF_IS_NATIVE = r"^vit_pe_"
@@ -782,7 +867,8 @@ TIMM_PREPROCESSING = tuple(
         (r"_siglip", "half", 1.0),
         (r"^deit3_.*_384", "imagenet", 1.0),
         (r"^deit_.*_384", "imagenet", 1.0),
-        (r"^deit", "imagenet", 0.875)))
+        (r"^deit", "imagenet", 0.875),
+        (r"^samvit_", "imagenet", 1.0)))
 
 
 def parse_timm_name(name: str) -> Optional[Dict[str, Any]]:
@@ -848,6 +934,9 @@ TIMM_UNSUPPORTED = (
                                    "load)"),
     (r"^naflexvit_.*_parfac_", "a factorized NaFlex position embedding "
                                "(timm's pos_embed='factorized')"),
+    (r"^samvit_base_patch16_224$", "SAM's ViT without its conv neck (a "
+                                   "channel LayerNorm of epsilon 1e-6 after "
+                                   "blocks of 1e-5; no released weights)"),
 )
 
 
@@ -871,8 +960,15 @@ def refuse_unsupported_timm(name: str, error=ValueError) -> None:
         f"families: ViT / AugReg, DeiT (incl. distilled), DeiT-III, "
         f"DINOv2 (incl. giant), DINOv3, EVA-02 (T/S/B/L, CLIP B/L), "
         f"Perception Encoder, AIMv2, CLIP, SigLIP / SigLIP 2 (incl. "
-        f"NaFlex), C-RADIO (incl. NaFlex), timm's NaFlexVit.")
+        f"NaFlex), C-RADIO (incl. NaFlex), timm's NaFlexVit, SAM's image "
+        f"encoder (samvit_*).")
 
+
+SAM_NEEDS_A_NAME = (
+    "These are the weights of timm's VisionTransformerSAM (Segment "
+    "Anything's image encoder: a neck, rel-pos tables), whose window size, "
+    "global blocks and LayerNorm epsilon the weights do not fully show. Pass "
+    "the timm name, e.g. 'samvit_base_patch16' (in the CLIs: --model).")
 
 NAFLEX_NEEDS_A_NAME = (
     "These are the weights of a timm NaFlexVit (embeds.*), whose resize of "
@@ -950,7 +1046,8 @@ _HF_DEFAULTS = {"transformers": ("gelu", 1e-12),
                 "transformers_clip": ("quick_gelu", 1e-5),
                 "transformers_siglip": ("gelu_pytorch_tanh", 1e-6),
                 "transformers_siglip2": ("gelu_pytorch_tanh", 1e-6),
-                "transformers_aimv2": ("silu", 1e-5)}
+                "transformers_aimv2": ("silu", 1e-5),
+                "transformers_sam": ("gelu", 1e-6)}
 
 
 def transformers_hints(config: Mapping[str, Any], layout: str) -> Dict[str, Any]:
@@ -988,6 +1085,10 @@ def transformers_hints(config: Mapping[str, Any], layout: str) -> Dict[str, Any]
         out[field] = float(value)
   if layout == "transformers_dinov2_reg":
     out["no_embed_registers"] = True
+  if layout == "transformers_sam":  # SamVisionConfig's defaults
+    out.update(window_size=int(config.get("window_size", 14)),
+               global_attn_indexes=tuple(int(i) for i in config.get(
+                   "global_attn_indexes", (2, 5, 8, 11))))
   if layout == "transformers_siglip2":  # its resize of the position table
     out["naflex"] = "bilinear_aa"
   if layout == "transformers_aimv2":
