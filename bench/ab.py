@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import json
 import os
 import statistics
 import sys
@@ -109,8 +108,6 @@ def format_table(res) -> str:
 
 
 # --in-process.
-
-
 def compile_options(flags: str) -> Dict[str, Any]:
   """``--xla_a=true --xla_b=3 --xla_c=NAME`` -> ``{"xla_a": True,
   "xla_b": 3, "xla_c": "NAME"}``: XLA_FLAGS as jax.jit compile options."""
@@ -246,17 +243,15 @@ def main(argv=None):
     res = harness.run(w, cs, rounds=args.rounds, round_s=args.round_seconds,
                       reference=cs[0].label, quiet_load=args.quiet_load,
                       max_retries=args.max_retries,
-                      wait_quiet_s=args.wait_quiet, cpus=args.cpus)
+                      wait_quiet_s=args.wait_quiet)
     res["gemms"] = machine.gemms_for(args, [(args.model, w.batch,
                                              args.image_size)],
                                      dtypes=(args.dtype,))
     table = format_table(res) + ("\n\n" + format_processes(
         res, [c.label for c in base], args.processes)
                                  if args.processes > 1 else "")
-  print(machine.describe() + "\n" + isa_line + "\n" + table,
-        file=sys.stderr if args.json else sys.stdout)
-  if args.json:
-    print(json.dumps({k: v for k, v in res.items() if k != "times"}))
+  harness.emit(machine.describe() + "\n" + isa_line + "\n" + table,
+               {k: v for k, v in res.items() if k != "times"}, args.json)
   return res
 
 

@@ -61,8 +61,6 @@ def add_run_args(p: argparse.ArgumentParser, rounds=5, round_s=4.0,
   p.add_argument("--quiet-load", type=float, default=0.3,
                  help="repeat a turn while others used more cores than this")
   p.add_argument("--max-retries", type=int, default=retries)
-  p.add_argument("--cpus", type=lambda v: [int(c) for c in v.split(",")],
-                 metavar="0,1", help="pin every side to these CPUs")
   p.add_argument("--wait-quiet", type=float, default=0.0, metavar="SECONDS",
                  help="first wait up to this long for --quiet-load")
   p.add_argument("--warmup", type=int, default=2,
@@ -256,13 +254,11 @@ def main(argv=None):
     res = harness.run(w, contestants(args, w.timm), rounds=args.rounds,
                       round_s=args.round_seconds, quiet_load=args.quiet_load,
                       max_retries=args.max_retries, reference="jax",
-                      wait_quiet_s=args.wait_quiet, cpus=args.cpus)
+                      wait_quiet_s=args.wait_quiet)
     res["machine"] = info
     rec = dict(summarise(res, w, gemms), isa=args.isa, isa_line=isa_line)
     recs.append(rec)
-    print(format_table(rec), file=sys.stderr if args.json else sys.stdout)
-    if args.json:
-      print(json.dumps(rec))
+    harness.emit(format_table(rec), rec, args.json)
   if len(recs) > 1:
     print("\n" + format_sweep(recs), file=sys.stderr if args.json else
           sys.stdout)

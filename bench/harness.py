@@ -71,9 +71,15 @@ def log(msg: str):
   print(msg, file=sys.stderr, flush=True)
 
 
+def emit(text: str, record, as_json: bool):
+  """A tool's table, and with ``as_json`` its JSON ``record`` on stdout
+  (the table then on stderr)."""
+  print(text, file=sys.stderr if as_json else sys.stdout)
+  if as_json:
+    print(json.dumps(record))
+
+
 # The machine's load.
-
-
 def busy_cpu_seconds(steal: bool = False) -> float:
   """CPU-seconds the whole machine spent busy so far (/proc/stat), or
   (``steal``) that the hypervisor gave to other guests; nan without it."""
@@ -99,19 +105,16 @@ def wait_for_quiet(max_wait_s: float, quiet_load: float,
 
 
 # Child processes.
-
-
 def child_env(framework: str, env: Optional[Dict[str, str]] = None,
               xla_flags: str = "") -> Dict[str, str]:
   """A child's environment, each side as its users run it: JAX with
   train.py's malloc settings (vit_jax/train/host_memory.py), every other
   runtime with glibc's defaults (torch under the JAX settings ran its
   ViT-Ti/16 bfloat16 train step at 0.66x its own speed, Zen 5)."""
-  out = dict(os.environ)
-  out.update(env or {})
-  if framework in JAX_RUNTIMES and host_memory.wanted(out):
-    out.update(host_memory.MALLOC_ENV)
+  out = dict(os.environ, **(env or {}))
   if framework in JAX_RUNTIMES:
+    if host_memory.wanted(out):
+      out.update(host_memory.MALLOC_ENV)
     flags = " ".join(f for f in (out.get("XLA_FLAGS", ""), xla_flags) if f)
     if flags:
       out["XLA_FLAGS"] = flags
@@ -121,16 +124,11 @@ def child_env(framework: str, env: Optional[Dict[str, str]] = None,
   return out
 
 
-def _affinity(cpus):  # both frameworks size their pools from the mask
-  return (lambda: os.sched_setaffinity(0, cpus)) if cpus else None
-
-
 def call(kind: str, spec: Dict[str, Any], framework: str = "jax",
-         env: Optional[Dict[str, str]] = None,
-         cpus: Optional[List[int]] = None) -> Dict[str, Any]:
+         env: Optional[Dict[str, str]] = None) -> Dict[str, Any]:
   """``bench.worker``'s one-shot ``kind`` on ``spec`` in a child (its
   stderr passes through): its JSON result."""
-  w = Worker(Contestant(kind, framework, env=env or {}), spec, cpus, kind)
+  w = Worker(Contestant(kind, framework, env=env or {}), spec, kind)
   try:
     return w.recv()
   finally:
@@ -143,15 +141,14 @@ class Worker:
   its framework) or a one-shot ``kind``."""
 
   def __init__(self, contestant: Contestant, spec: Dict[str, Any],
-               cpus: Optional[List[int]] = None, kind: Optional[str] = None):
+               kind: Optional[str] = None):
     self.c = contestant
     self.proc = subprocess.Popen(
         [sys.executable, "-m", "bench.worker", kind or contestant.framework,
          json.dumps(dict(spec, **contestant.options))],
         stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, cwd=REPO,
         env=child_env(contestant.framework, contestant.env,
-                      contestant.xla_flags),
-        preexec_fn=_affinity(cpus))
+                      contestant.xla_flags))
     self.ready: Optional[Dict[str, Any]] = None
 
   def recv(self) -> Dict[str, Any]:
@@ -164,20 +161,18 @@ class Worker:
                          "is above)")
     return json.loads(line)
 
-  def wait_ready(self) -> Dict[str, Any]:
-    self.ready = self.recv()
-    return self.ready
+  def send(self, **msg):
+    self.proc.stdin.write(json.dumps(msg) + "\n")
+    self.proc.stdin.flush()
 
   def run(self, iters: int) -> Dict[str, Any]:
-    self.proc.stdin.write(json.dumps({"cmd": "run", "iters": iters}) + "\n")
-    self.proc.stdin.flush()
+    self.send(cmd="run", iters=iters)
     return self.recv()
 
   def close(self):
     if self.proc.poll() is None:
       try:
-        self.proc.stdin.write(json.dumps({"cmd": "quit"}) + "\n")
-        self.proc.stdin.flush()
+        self.send(cmd="quit")
         self.proc.wait(timeout=30)
       except (BrokenPipeError, subprocess.TimeoutExpired):
         self.proc.kill()
@@ -239,14 +234,13 @@ def _round_log(label: str, v: Dict[str, Any]) -> str:
 def run(workload: Workload, contestants: List[Contestant], *, rounds: int = 5,
         round_s: float = 4.0, pause_s: float = 0.3,
         reference: Optional[str] = None, quiet_load: float = 0.3,
-        max_retries: int = 2, wait_quiet_s: float = 0.0,
-        cpus: Optional[List[int]] = None) -> Dict[str, Any]:
+        max_retries: int = 2, wait_quiet_s: float = 0.0) -> Dict[str, Any]:
   """Sets up every contestant (one at a time), then runs ``rounds``
   alternating rounds; ``reference`` (default: the last) is the ratios'
   denominator and the logits' reference. A turn during which other
   processes used more than ``quiet_load`` cores is repeated (at most
   ``max_retries`` times; the quietest kept), after waiting up to
-  ``wait_quiet_s`` for quiet; ``cpus`` pins every child to those CPUs."""
+  ``wait_quiet_s`` for quiet."""
   reference = reference or contestants[-1].label
   spec = workload.spec()
   tmp = tempfile.mkdtemp(prefix="vit_bench_")
@@ -261,8 +255,8 @@ def run(workload: Workload, contestants: List[Contestant], *, rounds: int = 5,
       _make_weights_without_torch(workload, weights)
     for c in order:
       w = Worker(c, dict(spec, weights_out=weights) if c is order[0] and
-                 c.framework == "torch" else spec, cpus)
-      r = w.wait_ready()
+                 c.framework == "torch" else spec)
+      r = w.ready = w.recv()
       log(f"[setup] {c.label}: ready (setup {r['setup_s']:.1f}s" + (
           f", compile {r['compile_s']:.1f}s)" if r.get("compile_s") is not
           None else ")"))
@@ -298,8 +292,8 @@ def run(workload: Workload, contestants: List[Contestant], *, rounds: int = 5,
 
   out: Dict[str, Any] = {"workload": dataclasses.asdict(workload),
                          "rounds": per_round, "reference": reference,
-                         "cpu_count": len(cpus) if cpus else os.cpu_count(),
-                         "cpus": cpus, "load_avg_1m": os.getloadavg()[0],
+                         "cpu_count": os.cpu_count(),
+                         "load_avg_1m": os.getloadavg()[0],
                          "contestants": {}}
   ref_check = next(w.ready["check"] for w in workers
                    if w.c.label == reference)

@@ -15,7 +15,6 @@ processes starving it) and how many such cores an accelerator's step rate
 from __future__ import annotations
 
 import argparse
-import json
 import math
 import os
 import shutil
@@ -28,6 +27,7 @@ if __package__ in (None, ""):
 
 import numpy as np  # noqa: E402
 
+from bench import harness  # noqa: E402
 from bench import machine  # noqa: E402
 from vit_jax.data import console  # noqa: E402
 
@@ -183,9 +183,7 @@ def main(argv=None):
   p.add_argument("--json", action="store_true")
   args = p.parse_args(argv)
   res = run(args)
-  print(report(res))
-  if args.json:
-    print(json.dumps(res))
+  harness.emit(report(res), res, args.json)
   return res
 
 

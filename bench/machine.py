@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import argparse
 import importlib.util
-import json
 import os
 import platform
 import resource
@@ -44,8 +43,6 @@ SQUARE = (2048, 2048, 2048)
 
 
 # The CPU.
-
-
 def _uarch(vendor: str, family: Optional[int], model: Optional[int]):
   """A microarchitecture name for the CPUs this project meets, or None."""
   if vendor == "AuthenticAMD" and model is not None:
@@ -162,8 +159,6 @@ def describe(info: Optional[Dict[str, Any]] = None) -> str:
 
 
 # GEMM rates.
-
-
 def model_gemm_shapes(name: str, batch: int, image_size: int = 224
                       ) -> List[Tuple[int, int, int]]:
   """(M, K, N) of the model's token-wise GEMMs, M = batch * tokens: q/k/v/out
@@ -197,47 +192,39 @@ def _time_gemm(run, flop: float, seconds: float, repeats: int = 5) -> float:
   return flop / best / 1e9
 
 
-def _rates(fw, dt, shapes, seconds, make, run):
-  out = []
-  for m, k, n in shapes:
-    a, b = make(m, k, dt), make(k, n, dt)
-    out.append({"framework": fw, "dtype": dt, "shape": [m, k, n],
-                "gflops": _time_gemm(lambda: run(a, b), 2.0 * m * k * n,
-                                     seconds)})
-  return out
-
-
 def gemm_child(spec) -> Dict[str, Any]:
   """In a child (bench.worker's ``gemm``): one framework's GEMM rates."""
-  import numpy as np  # pylint: disable=import-outside-toplevel
-  shapes, rates = [tuple(s) for s in spec["shapes"]], []
-  rs = np.random.RandomState(0)
-  if spec["framework"] == "jax":
+  fw = spec["framework"]
+  if fw == "jax":
     import jax  # pylint: disable=import-outside-toplevel
     import jax.numpy as jnp  # pylint: disable=import-outside-toplevel
+    import numpy as np  # pylint: disable=import-outside-toplevel
+    rs, version = np.random.RandomState(0), jax.__version__
     f = jax.jit(lambda a, b: jnp.matmul(a, b,
                                         preferred_element_type=jnp.float32))
-    for dt in spec["dtypes"]:
-      rates += _rates("jax", dt, shapes, spec["seconds"],
-                      lambda m, k, dt: jnp.asarray(rs.standard_normal((m, k)),
-                                                   jnp.dtype(dt)),
-                      lambda a, b: f(a, b).block_until_ready())
-    return {"version": jax.__version__, "rates": rates}
-  import torch  # pylint: disable=import-outside-toplevel
-  g = torch.Generator().manual_seed(0)
-  with torch.inference_mode():
-    for dt in spec["dtypes"]:
-      rates += _rates("torch", dt, shapes, spec["seconds"],
-                      lambda m, k, dt: torch.randn(m, k, generator=g).to(
-                          getattr(torch, dt)), lambda a, b: a @ b)
-  return {"version": torch.__version__, "rates": rates}
+    make = lambda m, k, dt: jnp.asarray(rs.standard_normal((m, k)),  # noqa: E731
+                                        jnp.dtype(dt))
+    mul = lambda a, b: f(a, b).block_until_ready()  # noqa: E731
+  else:
+    import torch  # pylint: disable=import-outside-toplevel
+    g, version = torch.Generator().manual_seed(0), torch.__version__
+    make = lambda m, k, dt: torch.randn(m, k, generator=g).to(  # noqa: E731
+        getattr(torch, dt))
+    mul = torch.inference_mode()(lambda a, b: a @ b)
+  rates = []
+  for dt in spec["dtypes"]:
+    for m, k, n in spec["shapes"]:
+      a, b = make(m, k, dt), make(k, n, dt)
+      rates.append({"framework": fw, "dtype": dt, "shape": [m, k, n],
+                    "gflops": _time_gemm(lambda: mul(a, b),  # pylint: disable=cell-var-from-loop
+                                         2.0 * m * k * n, spec["seconds"])})
+  return {"version": version, "rates": rates}
 
 
 def measure_gemms(shapes: Sequence[Tuple[int, int, int]] = (SQUARE,),
                   frameworks: Sequence[str] = ("jax", "torch"),
                   dtypes: Sequence[str] = ("float32", "bfloat16"),
-                  seconds: float = 0.6, cpus: Optional[List[int]] = None,
-                  wait_quiet_s: float = 0.0,
+                  seconds: float = 0.6, wait_quiet_s: float = 0.0,
                   quiet_load: float = 0.3) -> Dict[str, Any]:
   """``{"rates": [{framework, dtype, shape, gflops}, ...], "versions",
   "other_load": {framework: cores others used}}`` on ``shapes`` (M, K, N),
@@ -252,7 +239,7 @@ def measure_gemms(shapes: Sequence[Tuple[int, int, int]] = (SQUARE,),
     child0 = _children_cpu_seconds()
     res = harness.call("gemm", {"framework": fw, "shapes": shapes,
                                 "dtypes": list(dtypes), "seconds": seconds},
-                       fw, cpus=cpus)
+                       fw)
     wall = time.perf_counter() - t0
     other[fw] = max(0.0, (harness.busy_cpu_seconds() - busy0 -
                           (_children_cpu_seconds() - child0)) / wall)
@@ -335,7 +322,6 @@ def gemms_for(args, points=(), dtypes=("float32", "bfloat16")):
   harness.log(f"[gemm] timing {len(shapes)} shapes x {frameworks} x "
               f"{'/'.join(dtypes)} ...")
   return measure_gemms(shapes, frameworks, dtypes, seconds=args.gemm_seconds,
-                       cpus=getattr(args, "cpus", None),
                        wait_quiet_s=getattr(args, "wait_quiet", 0.0),
                        quiet_load=getattr(args, "quiet_load", 0.3))
 
@@ -354,12 +340,10 @@ def main(argv=None):
   isa_line = set_isa(args.isa, info)
   gemms = gemms_for(args, [(args.model, args.batch, args.image_size)]
                     if args.model else [])
-  print(describe(info) + "\n" + isa_line)
-  if gemms:
-    print(format_gemms(gemms))
-  if args.json:
-    print(json.dumps({"machine": info, "gemms": gemms}))
-  return {"machine": info, "gemms": gemms}
+  res = {"machine": info, "gemms": gemms}
+  harness.emit("\n".join([describe(info), isa_line] + (
+      [format_gemms(gemms)] if gemms else [])), res, args.json)
+  return res
 
 
 if __name__ == "__main__":

@@ -21,16 +21,18 @@ import argparse
 import collections
 import contextlib
 import glob
-import importlib.util
 import json
 import os
 import re
+import statistics
 import sys
 import tempfile
 import time
 
 if __package__ in (None, ""):
   sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+import numpy as np  # noqa: E402
 
 from bench import harness  # noqa: E402  pylint: disable=wrong-import-position
 from bench import machine  # noqa: E402  pylint: disable=wrong-import-position
@@ -47,7 +49,6 @@ _TINY = 1e-30
 
 
 # JAX: HLO instructions -> groups.
-
 _INSTR = re.compile(r"^\s*(?:ROOT )?%?([\w.\-]+) = ([^=]+?) (\w[\w\-]*)\(")
 _CALLS = re.compile(r"(?:calls|to_apply|body|condition)=%?([\w.\-]+)")
 _META = re.compile(r'op_name="([^"]*)"')
@@ -174,11 +175,39 @@ def op_times(trace_dir: str):
       if not e.name.startswith(("end: ", "Thread", "ThunkExecutor")):
         out[e.name] += e.duration_ns
         spans.append((e.start_ns, e.end_ns))
+  return (out,) + _busy_span(spans)
+
+
+def _busy_span(spans):
+  """The union of the (start, end) intervals' lengths, and first start to
+  last end."""
   busy, end = 0.0, float("-inf")
   for a, b in sorted(spans):
     busy, end = busy + max(0.0, b - max(a, end)), max(end, b)
-  span = end - min(a for a, _ in spans) if spans else 0.0
-  return out, busy, span
+  return busy, end - min(spans)[0] if spans else 0.0
+
+
+def _tally(items, per: float):
+  """{group: total / per} and {"group: name": total / per} of (group,
+  name, time) items."""
+  groups, detail = collections.Counter(), collections.Counter()
+  for g, name, t in items:
+    groups[g] += t / per
+    detail[f"{g}: {name}"] += t / per
+  return groups, detail
+
+
+def jax_groups(times, hlo: str, steps: int):
+  """:func:`_tally` of :func:`op_times`' ops (ms per step), each grouped by
+  what its instruction in ``hlo`` computes; and each one's FLOPs."""
+  instrs, comps = parse_hlo(hlo)
+  inner = {n: _inner(n, instrs, comps) for n in times if n in instrs}
+  group = {n: group_of(*inner[n][:2]) if n in inner else "loss + other"
+           for n in times}
+  flops = {f"{group[n]}: {n}": inner[n][2] if n in inner else 0
+           for n in times}
+  return _tally(((group[n], n, ns / 1e6) for n, ns in times.items()),
+                steps) + (flops,)
 
 
 # Each ablation variant: the groups its stand-ins replace.
@@ -194,10 +223,16 @@ def _median_step_ms(step, steps: int) -> float:
   return sorted(times)[len(times) // 2] * 1e3
 
 
-def _finish(spec, runs, first, profile):
-  """--ablate: {variant: [median ms per round]}, the variants in rotation,
-  and each one's first loss (a stand-in that replaced nothing would leave
-  it); else the full step's wall ms and its ops grouped by ``profile``."""
+def _finish(spec, runs, profile):
+  """Each variant's first output (a stand-in that replaced nothing would
+  leave it) and warm-up; then --ablate: {variant: [median ms per round]},
+  the variants in rotation; else the full step's wall ms and its ops
+  grouped by ``profile``."""
+  first = {v: [float(o) for o in np.asarray(step()).ravel()[:4]]
+           for v, step in runs.items()}
+  for step in runs.values():
+    for _ in range(spec["warmup"]):
+      step()
   if spec["ablate"]:
     order, walls = list(runs), {v: [] for v in runs}
     for r in range(spec["rounds"]):
@@ -255,7 +290,6 @@ def _stand_ins(module, table, variant):
 def _jax(spec):
   import jax  # pylint: disable=import-outside-toplevel
   import jax.numpy as jnp  # pylint: disable=import-outside-toplevel
-  import numpy as np  # pylint: disable=import-outside-toplevel
   from bench import steps  # pylint: disable=import-outside-toplevel
   from vit_jax import models  # pylint: disable=import-outside-toplevel
   from vit_jax.models import kernels  # pylint: disable=import-outside-toplevel
@@ -263,7 +297,7 @@ def _jax(spec):
   rng = np.random.default_rng(0)
   x = jnp.asarray(rng.standard_normal((b, s, s, 3)), jnp.float32)
   y = jnp.asarray(rng.integers(0, 1000, b), jnp.int32)
-  runs, first, compiled = {}, {}, {}
+  runs, compiled = {}, {}
   for v in VARIANTS if spec["ablate"] else [""]:
     with _stand_ins(kernels, JAX_STAND_INS, v):
       model = models.get_model(spec["model"], num_classes=1000, **(
@@ -276,32 +310,19 @@ def _jax(spec):
       tx = steps.adamw()
       compiled[v] = steps.lower(model, spec["mode"], variables, x, y,
                                 tx).compile()
-      step = steps.runner(compiled[v], spec["mode"], variables, x, y, tx)
-    first[v] = [float(o) for o in np.asarray(step()).ravel()[:4]]
-    for _ in range(spec["warmup"]):
-      step()
-    runs[v] = step
+      runs[v] = steps.runner(compiled[v], spec["mode"], variables, x, y, tx)
 
   def profile(step):
     with tempfile.TemporaryDirectory(prefix="vit_jax_ops_") as d:
-      jax.profiler.start_trace(d)
-      for _ in range(spec["steps"]):
-        step()
-      jax.profiler.stop_trace()
+      with jax.profiler.trace(d):
+        for _ in range(spec["steps"]):
+          step()
       times, _, _ = op_times(d)
-    instrs, comps = parse_hlo(compiled[""].as_text())
-    groups, detail = collections.Counter(), collections.Counter()
-    for name, ns in times.items():
-      g = group_of(*_inner(name, instrs, comps)[:2]) if name in instrs else (
-          "loss + other")
-      groups[g] += ns / 1e6 / spec["steps"]  # ms per step
-      detail[f"{g}: {name}"] += ns / 1e6 / spec["steps"]
-    return groups, detail
-  return _finish(spec, runs, first, profile)
+    return jax_groups(times, compiled[""].as_text(), spec["steps"])[:2]
+  return _finish(spec, runs, profile)
 
 
 # torch.
-
 _TORCH_LAYOUT = {"aten::copy_", "aten::clone", "aten::contiguous",
                  "aten::transpose", "aten::permute", "aten::_to_copy",
                  "aten::cat", "aten::view", "aten::reshape", "aten::t",
@@ -347,7 +368,6 @@ def _under_optimizer(ev) -> bool:
 
 
 def _torch(spec):
-  import numpy as np  # pylint: disable=import-outside-toplevel
   import torch  # pylint: disable=import-outside-toplevel
   import torch.nn.functional as F  # pylint: disable=import-outside-toplevel
   import torchvision  # pylint: disable=import-outside-toplevel
@@ -357,7 +377,7 @@ def _torch(spec):
   rng = np.random.default_rng(0)
   x = torch.from_numpy(rng.standard_normal((b, 3, s, s)).astype(np.float32))
   y = torch.from_numpy(rng.integers(0, 1000, b))
-  runs, first = {}, {}
+  runs = {}
   for variant in VARIANTS if spec["ablate"] else [""]:
     torch.manual_seed(0)
     model = torchvision.models.VisionTransformer(
@@ -380,9 +400,6 @@ def _torch(spec):
         loss.backward()
         opt.step()
         return loss.detach()
-    first[variant] = [float(o) for o in step().numpy().ravel()[:4]]
-    for _ in range(spec["warmup"]):
-      step()
     runs[variant] = step
 
   def profile(step):
@@ -390,15 +407,10 @@ def _torch(spec):
         activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
       for _ in range(spec["steps"]):
         step()
-    groups, detail = collections.Counter(), collections.Counter()
-    for ev in prof.events():
-      ms = ev.self_cpu_time_total / 1e3 / spec["steps"]
-      if ms > 0:
-        g = torch_group(ev.name, _under_optimizer(ev))
-        groups[g] += ms
-        detail[f"{g}: {ev.name}"] += ms
-    return groups, detail
-  return _finish(spec, runs, first, profile)
+    return _tally(((torch_group(ev.name, _under_optimizer(ev)), ev.name,
+                    ev.self_cpu_time_total / 1e3) for ev in prof.events()
+                   if ev.self_cpu_time_total > 0), spec["steps"])
+  return _finish(spec, runs, profile)
 
 
 def child(spec):
@@ -407,24 +419,13 @@ def child(spec):
 
 
 # Reading traces saved elsewhere (bench/accelerator.py --profile DIR).
-
-
 def read_jax_trace(trace_dir: str, steps: int):
   """The groups (ms per step), the idle time and the largest ops of a
   saved ``jax.profiler`` trace, named by ``step.hlo.txt`` beside it; a
   GEMM's or attention op's achieved TFLOP/s beside its time."""
   times, busy, span = op_times(trace_dir)
   with open(os.path.join(trace_dir, "step.hlo.txt")) as f:
-    instrs, comps = parse_hlo(f.read())
-  groups, detail = collections.Counter(), collections.Counter()
-  flops = {}
-  for name, ns in times.items():
-    ops, metas, fl = _inner(name, instrs, comps) if name in instrs else (
-        set(), [], 0)
-    g = group_of(ops, metas) if name in instrs else "loss + other"
-    groups[g] += ns / 1e6 / steps
-    detail[f"{g}: {name}"] += ns / 1e6 / steps
-    flops[f"{g}: {name}"] = fl
+    groups, detail, flops = jax_groups(times, f.read(), steps)
   groups["idle (no op running)"] = (span - busy) / 1e6 / steps
   return groups, [(k, ms, flops[k] / ms / 1e9 if flops[k] else None)
                   for k, ms in detail.most_common(20)]
@@ -456,17 +457,10 @@ def read_torch_trace(path: str, steps: int):
   if not events:
     raise SystemExit(f"{path}: no CUDA kernels in this trace (a CPU run's "
                      "torch ops are in `bench/ops.py` without --trace)")
-  groups, detail = collections.Counter(), collections.Counter()
-  for e in events:
-    g = torch_kernel_group(e["name"])
-    groups[g] += e["dur"] / 1e3 / steps
-    detail[f"{g}: {e['name'][:90]}"] += e["dur"] / 1e3 / steps
-  spans = sorted((e["ts"], e["ts"] + e["dur"]) for e in events)
-  busy, end = 0.0, float("-inf")
-  for a, b in spans:
-    busy, end = busy + max(0.0, b - max(a, end)), max(end, b)
-  if spans:
-    groups["idle (no op running)"] = (end - spans[0][0] - busy) / 1e3 / steps
+  groups, detail = _tally(((torch_kernel_group(e["name"]), e["name"][:90],
+                            e["dur"] / 1e3) for e in events), steps)
+  busy, span = _busy_span([(e["ts"], e["ts"] + e["dur"]) for e in events])
+  groups["idle (no op running)"] = (span - busy) / 1e3 / steps
   return groups, [(k, ms, None) for k, ms in detail.most_common(20)]
 
 
@@ -490,23 +484,16 @@ def format_traces(tables: dict) -> str:
 
 
 # the parent.
-
-
-def _med(xs):
-  xs, n = sorted(xs), len(xs)
-  return xs[n // 2] if n % 2 else (xs[n // 2 - 1] + xs[n // 2]) / 2
-
-
 def ablation_costs(walls: dict) -> dict:
   """{fw: {group: (median, min, max)}}: a group's cost is the full step
   minus the step without it, paired within each round; 'the rest' is the
   step with every stand-in, 'step' the full step."""
   out = {}
   for fw, w in walls.items():
-    full = w[""]
-    costs = {g: [a - b for a, b in zip(full, w[g])] for g in ABLATIONS}
-    costs["the rest"], costs["step"] = w["all"], full
-    out[fw] = {g: (_med(c), min(c), max(c)) for g, c in costs.items()}
+    costs = {g: [a - b for a, b in zip(w[""], w[g])] for g in ABLATIONS}
+    costs["the rest"], costs["step"] = w["all"], w[""]
+    out[fw] = {g: (statistics.median(c), min(c), max(c))
+               for g, c in costs.items()}
   return out
 
 
@@ -591,12 +578,10 @@ def main(argv=None) -> dict:
     res["costs"] = ablation_costs(res["walls"])
   else:
     res.update(got)
-  print(f"{machine.describe(res['machine'])}\n{isa_line}\n"
-        f"{(format_ablation if args.ablate else format_table)(res)}\n"
-        f"load average {res['load_before']:.2f} before, "
-        f"{res['load_after']:.2f} after")
-  if args.json:
-    print(json.dumps(res))
+  harness.emit(f"{machine.describe(res['machine'])}\n{isa_line}\n"
+               f"{(format_ablation if args.ablate else format_table)(res)}\n"
+               f"load average {res['load_before']:.2f} before, "
+               f"{res['load_after']:.2f} after", res, args.json)
   return res
 
 

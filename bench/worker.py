@@ -54,14 +54,14 @@ class ReleaseWait:
   turn. Does nothing without glibc or for blocks under 16 MiB."""
 
   def __init__(self, temp_bytes: int, timeout_s: float = 0.05):
-    self.limit, self.timeout_s = None, timeout_s
+    self.limit, self.timeout_s, self.temp_bytes = None, timeout_s, temp_bytes
     self.waited_s, self.timeouts = 0.0, 0
     try:
       self._mallinfo2 = ctypes.CDLL("libc.so.6").mallinfo2
       self._mallinfo2.restype = _Mallinfo2
     except (OSError, AttributeError):
       self._mallinfo2 = None
-    self.temp_bytes = int(temp_bytes)
+    self.active = self._mallinfo2 is not None and temp_bytes >= 2 ** 24
 
   def in_use(self) -> int:
     """Bytes glibc has handed out: from its heap, and as own mappings."""
@@ -70,10 +70,14 @@ class ReleaseWait:
 
   def settle(self):
     """Takes the level at rest (after warm-up)."""
-    if self._mallinfo2 is None or self.temp_bytes < 2 ** 24:
-      return
-    time.sleep(0.05)
-    self.limit = self.in_use() + self.temp_bytes // 2
+    if self.active:
+      time.sleep(0.05)
+      self.limit = self.in_use() + self.temp_bytes // 2
+
+  def take(self) -> dict:  # since the last take: each turn's reply
+    out = {"release_wait_s": self.waited_s, "release_timeouts": self.timeouts}
+    self.waited_s, self.timeouts = 0.0, 0
+    return out
 
   def __call__(self):
     if self.limit is None:
@@ -164,8 +168,6 @@ def _serve(spec, step, info, t0, compile_s="first", turn_extra=None,
 
 
 # torch.
-
-
 def _torch_model(spec):
   """torchvision's ViT (or timm's model by name), seeded, its head given
   weights (torchvision zero-initialises it) so the logits mean something;
@@ -195,11 +197,6 @@ def _torch_model(spec):
     np.savez(spec["weights_out"], **{k: t.detach().cpu().numpy()
                                      for k, t in model.state_dict().items()})
   return model
-
-
-def weights_main(spec):
-  _torch_model(spec)
-  return {"weights_out": spec["weights_out"]}
 
 
 def torch_main(spec):
@@ -236,8 +233,6 @@ def torch_main(spec):
 
 
 # JAX.
-
-
 def _overrides(spec):
   import jax.numpy as jnp  # pylint: disable=import-outside-toplevel
   out = dict(spec.get("model_overrides") or {})
@@ -282,20 +277,14 @@ def jax_main(spec):
   # Waits for XLA to free the step's temporaries (settled after warm-up).
   wait = ReleaseWait(mem["temp"] if spec.get("release_wait", True) else 0)
   step = lambda: (run(), wait())[0]
-
-  def turn_extra():  # this turn's wait for the temporaries
-    out = {"release_wait_s": wait.waited_s, "release_timeouts": wait.timeouts}
-    wait.waited_s, wait.timeouts = 0.0, 0
-    return out
   _serve(spec, step, {
       "jax": jax.__version__, "devices": str(jax.devices()),
       "xla_flags": os.environ.get("XLA_FLAGS", ""),
       "overrides": {k: str(v) for k, v in overrides.items()},
       # which checkout ran (ab.py's src=)
       "vit_jax": os.path.dirname(os.path.abspath(vit_jax.__file__)),
-      "memory": mem, "release_wait": bool(wait._mallinfo2 and wait.temp_bytes
-                                             >= 2 ** 24)},  # pylint: disable=protected-access
-         t0, compile_s, turn_extra, wait.settle)
+      "memory": mem, "release_wait": wait.active},
+         t0, compile_s, wait.take, wait.settle)
 
 
 # Exported artifacts in their runtimes (python -m vit_jax.export's formats).
@@ -339,8 +328,6 @@ def runtime_main(framework: str, spec):
 
 
 # One-shot kinds.
-
-
 def inprocess(spec):
   """ab.py --in-process: each config's step lowered from shapes (timed, a
   hash of its StableHLO), compiled (timed, XLA's memory analysis), then
@@ -399,18 +386,22 @@ def inprocess(spec):
   return {"times": times, "faults": faults, "info": info}
 
 
-def _gemm(spec):
-  from bench import machine  # pylint: disable=import-outside-toplevel
-  return machine.gemm_child(spec)
+def once(kind: str, spec):
+  """A one-shot kind's result: torch's weights saved for the parent,
+  :func:`inprocess`, ``machine.gemm_child`` or ``ops.child``."""
+  if kind == "weights":
+    _torch_model(spec)
+    return {"weights_out": spec["weights_out"]}
+  if kind == "gemm":
+    from bench import machine  # pylint: disable=import-outside-toplevel
+    return machine.gemm_child(spec)
+  if kind == "ops":
+    from bench import ops  # pylint: disable=import-outside-toplevel
+    return ops.child(spec)
+  return inprocess(spec)
 
 
-def _ops(spec):
-  from bench import ops  # pylint: disable=import-outside-toplevel
-  return ops.child(spec)
-
-
-ONCE = {"weights": weights_main, "inprocess": inprocess, "gemm": _gemm,
-        "ops": _ops}
+ONCE = ("weights", "inprocess", "gemm", "ops")
 
 
 def main():
@@ -425,7 +416,7 @@ def main():
   global _send  # pylint: disable=global-statement
   _send = lambda obj: print(json.dumps(obj), file=real_stdout, flush=True)  # noqa: E731
   if kind in ONCE:
-    _send(ONCE[kind](spec))
+    _send(once(kind, spec))
   elif kind in FORMATS:
     runtime_main(kind, spec)
   else:
