@@ -76,10 +76,8 @@ TIMM_NAMES = {"vit_ti_16": "vit_tiny_patch16_224",
 
 def peak_flops(device_kind: str):
   """The device's peak bfloat16 FLOP/s, or None (unknown, e.g. a CPU)."""
-  for key, peak in PEAK_BF16:
-    if key.lower() in device_kind.lower():
-      return peak
-  return None
+  return next((peak for key, peak in PEAK_BF16
+               if key.lower() in device_kind.lower()), None)
 
 
 def workload(args, attention, scan) -> dict:

@@ -73,24 +73,6 @@ def add_run_args(p: argparse.ArgumentParser, rounds=5, round_s=4.0,
                  help="print JSON (the table goes to stderr)")
 
 
-def build_parser() -> argparse.ArgumentParser:
-  p = argparse.ArgumentParser(
-      description=__doc__.split("\n\n")[0],
-      formatter_class=argparse.RawDescriptionHelpFormatter)
-  p.add_argument("--model", nargs="+", default=["vit_b_16"],
-                 help="our variants (vit_ti_16, vit_b_16, ...) or timm names")
-  p.add_argument("--batch", type=int, nargs="+", default=[8])
-  p.add_argument("--image-size", type=int, nargs="+", default=[224])
-  p.add_argument("--layers", type=int, default=0,
-                 help="blocks of every side's model (default: the model's)")
-  p.add_argument("--peer", action="append", choices=PEERS,
-                 help="repeatable; default torch")
-  p.add_argument("--torch-compile", action="store_true",
-                 help="add the peer torch.compile")
-  add_run_args(p)
-  return p
-
-
 def is_timm(name: str) -> bool:
   from vit_jax import models  # pylint: disable=import-outside-toplevel
   try:
@@ -239,7 +221,21 @@ def format_sweep(recs) -> str:
 
 def main(argv=None):
   console.quiet_native_logs()
-  args = build_parser().parse_args(argv)
+  p = argparse.ArgumentParser(
+      description=__doc__.split("\n\n")[0],
+      formatter_class=argparse.RawDescriptionHelpFormatter)
+  p.add_argument("--model", nargs="+", default=["vit_b_16"],
+                 help="our variants (vit_ti_16, vit_b_16, ...) or timm names")
+  p.add_argument("--batch", type=int, nargs="+", default=[8])
+  p.add_argument("--image-size", type=int, nargs="+", default=[224])
+  p.add_argument("--layers", type=int, default=0,
+                 help="blocks of every side's model (default: the model's)")
+  p.add_argument("--peer", action="append", choices=PEERS,
+                 help="repeatable; default torch")
+  p.add_argument("--torch-compile", action="store_true",
+                 help="add the peer torch.compile")
+  add_run_args(p)
+  args = p.parse_args(argv)
   isa_line = machine.set_isa(args.isa)
   points = [(m, s, b) for m in args.model for s in args.image_size
             for b in args.batch]

@@ -5,7 +5,7 @@
 
 Every table starts with :func:`describe` (the CPU, and the ISA extensions
 that decide a ViT's speed on it); the throughput tables time in the same
-run each framework's GEMMs (:func:`measure_gemms`: a square GEMM and the
+run each framework's GEMMs (:func:`gemms_for`: a square GEMM and the
 model's own shapes; XLA float32 and bf16 x bf16 -> float32, torch float32
 (MKL) and bfloat16 (oneDNN)), each in its own child, the best of several
 repetitions. The best rate for a dtype is the roofline (:func:`roofline`).
@@ -20,7 +20,7 @@ import platform
 import resource
 import sys
 import time
-from typing import Any, Dict, List, Optional, Sequence, Tuple
+from typing import Any, Dict, List, Optional, Tuple
 
 if __package__ in (None, ""):  # `python bench/machine.py`
   sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -39,7 +39,6 @@ GEMM_KINDS = {
     ("torch", "float32"): "torch float32 (MKL)",
     ("torch", "bfloat16"): "torch bfloat16 (oneDNN)",
 }
-SQUARE = (2048, 2048, 2048)
 
 
 # The CPU.
@@ -221,42 +220,9 @@ def gemm_child(spec) -> Dict[str, Any]:
   return {"version": version, "rates": rates}
 
 
-def measure_gemms(shapes: Sequence[Tuple[int, int, int]] = (SQUARE,),
-                  frameworks: Sequence[str] = ("jax", "torch"),
-                  dtypes: Sequence[str] = ("float32", "bfloat16"),
-                  seconds: float = 0.6, wait_quiet_s: float = 0.0,
-                  quiet_load: float = 0.3) -> Dict[str, Any]:
-  """``{"rates": [{framework, dtype, shape, gflops}, ...], "versions",
-  "other_load": {framework: cores others used}}`` on ``shapes`` (M, K, N),
-  each framework in its own child (after waiting up to ``wait_quiet_s``
-  for quiet)."""
-  shapes = [list(s) for s in dict.fromkeys(tuple(s) for s in shapes)]
-  rates, versions, other = [], {}, {}
-  for fw in frameworks:
-    if wait_quiet_s > 0:
-      harness.wait_for_quiet(wait_quiet_s, quiet_load)
-    busy0, t0 = harness.busy_cpu_seconds(), time.perf_counter()
-    child0 = _children_cpu_seconds()
-    res = harness.call("gemm", {"framework": fw, "shapes": shapes,
-                                "dtypes": list(dtypes), "seconds": seconds},
-                       fw)
-    wall = time.perf_counter() - t0
-    other[fw] = max(0.0, (harness.busy_cpu_seconds() - busy0 -
-                          (_children_cpu_seconds() - child0)) / wall)
-    rates += res["rates"]
-    versions[fw] = res["version"]
-  return {"rates": rates, "versions": versions, "seconds": seconds,
-          "other_load": other}
-
-
-def _children_cpu_seconds() -> float:
-  r = resource.getrusage(resource.RUSAGE_CHILDREN)
-  return r.ru_utime + r.ru_stime
-
-
 def roofline(gemms: Optional[Dict[str, Any]], dtype: str
              ) -> Optional[Dict[str, Any]]:
-  """The best GEMM of ``dtype`` in a :func:`measure_gemms` result:
+  """The best GEMM of ``dtype`` in a :func:`gemms_for` result:
   ``{"gflops", "kind", "shape"}`` (None without measurements)."""
   cands = [r for r in (gemms or {}).get("rates", []) if r["dtype"] == dtype]
   if not cands:
@@ -304,26 +270,44 @@ def add_gemm_args(p: argparse.ArgumentParser):
   """The roofline options of every throughput table (bench.py, ab.py)."""
   p.add_argument("--gemm-seconds", type=float, default=0.6,
                  help="time per GEMM (framework, dtype, shape) timed")
-  p.add_argument("--gemm-square", type=int, default=SQUARE[0],
+  p.add_argument("--gemm-square", type=int, default=2048,
                  help="side of the square GEMM beside the model's shapes")
   p.add_argument("--no-gemm", action="store_true",
                  help="skip the GEMM rates (no roofline)")
 
 
 def gemms_for(args, points=(), dtypes=("float32", "bfloat16")):
-  """:func:`measure_gemms` of the square GEMM and each (variant, batch,
-  image size)'s shapes, in JAX and torch (if installed); None: --no-gemm."""
+  """The rates of the square GEMM and each (variant, batch, image size)'s
+  shapes (M, K, N) in JAX and torch (if installed), each framework in its
+  own child after waiting up to ``--wait-quiet`` for quiet: ``{"rates":
+  [{framework, dtype, shape, gflops}, ...], "versions", "other_load":
+  {framework: cores others used}}``; None with ``--no-gemm``."""
   if args.no_gemm:
     return None
   frameworks = ["jax"] + (["torch"] if importlib.util.find_spec("torch")
                           else [])
-  shapes = [(args.gemm_square,) * 3] + [
-      s for n, b, px in points for s in model_gemm_shapes(n, b, px)]
+  shapes = [list(s) for s in dict.fromkeys([(args.gemm_square,) * 3] + [
+      s for n, b, px in points for s in model_gemm_shapes(n, b, px)])]
   harness.log(f"[gemm] timing {len(shapes)} shapes x {frameworks} x "
               f"{'/'.join(dtypes)} ...")
-  return measure_gemms(shapes, frameworks, dtypes, seconds=args.gemm_seconds,
-                       wait_quiet_s=getattr(args, "wait_quiet", 0.0),
-                       quiet_load=getattr(args, "quiet_load", 0.3))
+  children = lambda: sum(resource.getrusage(  # noqa: E731
+      resource.RUSAGE_CHILDREN)[:2])  # user + system CPU seconds
+  out = {"rates": [], "versions": {}, "seconds": args.gemm_seconds,
+         "other_load": {}}
+  for fw in frameworks:
+    if getattr(args, "wait_quiet", 0.0) > 0:
+      harness.wait_for_quiet(args.wait_quiet, args.quiet_load)
+    busy0, cpu0, t0 = (harness.busy_cpu_seconds(), children(),
+                       time.perf_counter())
+    res = harness.call("gemm", {"framework": fw, "shapes": shapes,
+                                "dtypes": list(dtypes),
+                                "seconds": args.gemm_seconds}, fw)
+    out["other_load"][fw] = max(0.0, (
+        harness.busy_cpu_seconds() - busy0 - children() + cpu0) / (
+            time.perf_counter() - t0))
+    out["rates"] += res["rates"]
+    out["versions"][fw] = res["version"]
+  return out
 
 
 def main(argv=None):
