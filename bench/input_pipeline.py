@@ -100,38 +100,31 @@ def measure(config, *, cores: int, batch: int, batches: int,
 
 
 def run(args) -> dict:
-  folder = args.folder or tempfile.mkdtemp(prefix="vit_jax_jpegs_")
-  made = not os.path.isdir(os.path.join(folder, "train"))
+  from vit_jax.data import transforms  # pylint: disable=import-outside-toplevel
+  margin = transforms._JPEG_CROP_MARGIN  # pylint: disable=protected-access
+  folder, rows = tempfile.mkdtemp(prefix="vit_jax_jpegs_"), []
   try:
-    if made:
-      write_jpegs(folder, args.images, *args.jpeg_size)
-    rows = []
-    from vit_jax.data import transforms  # pylint: disable=import-outside-toplevel
-    margin = transforms._JPEG_CROP_MARGIN  # pylint: disable=protected-access
+    write_jpegs(folder, args.images, *args.jpeg_size)
     for ra in args.randaugment:
       cfg = pipeline_config(folder, image_size=args.image_size,
                             randaugment=ra == "on")
       for cores in args.cores:
         for decode in args.decode:
-          print(f"[input_pipeline] randaugment {ra}, {cores} core(s), "
-                f"{decode} decode ...", file=sys.stderr, flush=True)
+          harness.log(f"[input_pipeline] randaugment {ra}, {cores} core(s), "
+                      f"{decode} decode ...")
           # 'full': a margin wider than any image makes the crop's decode
           # window the whole JPEG (the pipeline before decode_and_crop).
           transforms._JPEG_CROP_MARGIN = (  # pylint: disable=protected-access
               margin if decode == "crop" else 1 << 20)
-          try:
-            r = measure(cfg, cores=cores, batch=args.batch,
-                        batches=args.batches)
-          finally:
-            transforms._JPEG_CROP_MARGIN = margin  # pylint: disable=protected-access
+          r = measure(cfg, cores=cores, batch=args.batch,
+                      batches=args.batches)
           rows.append(dict(r, randaugment=ra, cores=cores, decode=decode))
   finally:
-    if made and not args.folder:
-      shutil.rmtree(folder, ignore_errors=True)
+    transforms._JPEG_CROP_MARGIN = margin  # pylint: disable=protected-access
+    shutil.rmtree(folder, ignore_errors=True)
   return {"cpu": machine.describe().replace("CPU: ", "", 1), "rows": rows,
-          "jpeg_size": args.jpeg_size,
-          "image_size": args.image_size, "batch": args.batch,
-          "step_rates": args.step_rate}
+          "jpeg_size": args.jpeg_size, "image_size": args.image_size,
+          "batch": args.batch, "step_rates": args.step_rate}
 
 
 def report(res) -> str:
@@ -179,7 +172,6 @@ def main(argv=None):
   p.add_argument("--batches", type=int, default=8, help="timed batches")
   p.add_argument("--step-rate", type=float, nargs="*", default=[2900.0],
                  help="accelerator img/s to size the host for")
-  p.add_argument("--folder", help="reuse (or keep) the JPEG folder here")
   p.add_argument("--json", action="store_true")
   args = p.parse_args(argv)
   res = run(args)

@@ -26,13 +26,9 @@ import os
 import re
 import statistics
 import sys
-import tempfile
-import time
 
 if __package__ in (None, ""):
   sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-
-import numpy as np  # noqa: E402
 
 from bench import harness  # noqa: E402  pylint: disable=wrong-import-position
 from bench import machine  # noqa: E402  pylint: disable=wrong-import-position
@@ -214,37 +210,6 @@ def jax_groups(times, hlo: str, steps: int):
 VARIANTS = {"": [], **{g: [g] for g in ABLATIONS}, "all": list(ABLATIONS)}
 
 
-def _median_step_ms(step, steps: int) -> float:
-  times = []
-  for _ in range(max(1, steps)):
-    t = time.perf_counter()
-    step()
-    times.append(time.perf_counter() - t)
-  return sorted(times)[len(times) // 2] * 1e3
-
-
-def _finish(spec, runs, profile):
-  """Each variant's first output (a stand-in that replaced nothing would
-  leave it) and warm-up; then --ablate: {variant: [median ms per round]},
-  the variants in rotation; else the full step's wall ms and its ops
-  grouped by ``profile``."""
-  first = {v: [float(o) for o in np.asarray(step()).ravel()[:4]]
-           for v, step in runs.items()}
-  for step in runs.values():
-    for _ in range(spec["warmup"]):
-      step()
-  if spec["ablate"]:
-    order, walls = list(runs), {v: [] for v in runs}
-    for r in range(spec["rounds"]):
-      for v in (order if r % 2 == 0 else order[::-1]):
-        walls[v].append(_median_step_ms(runs[v], spec["steps"]))
-    return {"walls": walls, "first": first}
-  wall = _median_step_ms(runs[""], spec["steps"])
-  groups, detail = profile(runs[""])
-  return dict(wall_ms=wall, groups=dict(groups),
-              top=detail.most_common(spec["top"]))
-
-
 def _sdpa(q, k, v, *args, **kwargs):  # torch's q, k, v: (B, H, N, hd)
   del args, kwargs
   return v + ((q.sum(-2, keepdim=True) if q.shape != k.shape else q) + k) * _TINY
@@ -274,7 +239,7 @@ TORCH_STAND_INS = {
 
 
 @contextlib.contextmanager
-def _stand_ins(module, table, variant):
+def stand_ins(module, table, variant):
   """The stand-ins of ``variant``'s groups in place in ``module``."""
   new = {k: f for g in VARIANTS[variant] for k, f in table[g].items()}
   saved = {k: getattr(module, k) for k in new}
@@ -287,42 +252,14 @@ def _stand_ins(module, table, variant):
       setattr(module, k, f)
 
 
-def _jax(spec):
-  import jax  # pylint: disable=import-outside-toplevel
-  import jax.numpy as jnp  # pylint: disable=import-outside-toplevel
-  from bench import steps  # pylint: disable=import-outside-toplevel
-  from vit_jax import models  # pylint: disable=import-outside-toplevel
-  from vit_jax.models import kernels  # pylint: disable=import-outside-toplevel
-  b, s = spec["batch"], spec["image_size"]
-  rng = np.random.default_rng(0)
-  x = jnp.asarray(rng.standard_normal((b, s, s, 3)), jnp.float32)
-  y = jnp.asarray(rng.integers(0, 1000, b), jnp.int32)
-  runs, compiled = {}, {}
-  for v in VARIANTS if spec["ablate"] else [""]:
-    with _stand_ins(kernels, JAX_STAND_INS, v):
-      model = models.get_model(spec["model"], num_classes=1000, **(
-          {"num_layers": spec["layers"]} if spec["layers"] else {}))
-      variables = models.init_params(model, s)
-      # Both frameworks zero the head at init: give it weights.
-      head = variables["params"]["head"]
-      head["kernel"] = 0.02 * jax.random.normal(jax.random.key(0),
-                                                head["kernel"].shape)
-      tx = steps.adamw()
-      compiled[v] = steps.lower(model, spec["mode"], variables, x, y,
-                                tx).compile()
-      runs[v] = steps.runner(compiled[v], spec["mode"], variables, x, y, tx)
-
-  def profile(step):
-    with tempfile.TemporaryDirectory(prefix="vit_jax_ops_") as d:
-      with jax.profiler.trace(d):
-        for _ in range(spec["steps"]):
-          step()
-      times, _, _ = op_times(d)
-    return jax_groups(times, compiled[""].as_text(), spec["steps"])[:2]
-  return _finish(spec, runs, profile)
+def standing_in(module, table, variant, step):
+  """``step`` run with ``variant``'s stand-ins in place in ``module``."""
+  def run():
+    with stand_ins(module, table, variant):
+      return step()
+  return run
 
 
-# torch.
 _TORCH_LAYOUT = {"aten::copy_", "aten::clone", "aten::contiguous",
                  "aten::transpose", "aten::permute", "aten::_to_copy",
                  "aten::cat", "aten::view", "aten::reshape", "aten::t",
@@ -367,55 +304,11 @@ def _under_optimizer(ev) -> bool:
   return False
 
 
-def _torch(spec):
-  import torch  # pylint: disable=import-outside-toplevel
-  import torch.nn.functional as F  # pylint: disable=import-outside-toplevel
-  import torchvision  # pylint: disable=import-outside-toplevel
-  from vit_jax import models  # pylint: disable=import-outside-toplevel
-  v = vars(models.decode_variant(spec["model"]))
-  b, s = spec["batch"], spec["image_size"]
-  rng = np.random.default_rng(0)
-  x = torch.from_numpy(rng.standard_normal((b, 3, s, s)).astype(np.float32))
-  y = torch.from_numpy(rng.integers(0, 1000, b))
-  runs = {}
-  for variant in VARIANTS if spec["ablate"] else [""]:
-    torch.manual_seed(0)
-    model = torchvision.models.VisionTransformer(
-        image_size=s, patch_size=v["patch_size"],
-        num_layers=spec["layers"] or v["num_layers"],
-        num_heads=v["num_heads"], hidden_dim=v["hidden_size"],
-        mlp_dim=v["mlp_dim"], num_classes=1000)
-    with torch.no_grad():
-      model.heads.head.weight.normal_(0.0, 0.02)
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-3, weight_decay=0.05)
-    model.train(spec["mode"] == "train")
-
-    def step(model=model, opt=opt, variant=variant):
-      with _stand_ins(F, TORCH_STAND_INS, variant):
-        if spec["mode"] != "train":
-          with torch.inference_mode():
-            return model(x)
-        opt.zero_grad(set_to_none=True)
-        loss = torch.nn.functional.cross_entropy(model(x), y)
-        loss.backward()
-        opt.step()
-        return loss.detach()
-    runs[variant] = step
-
-  def profile(step):
-    with torch.profiler.profile(
-        activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
-      for _ in range(spec["steps"]):
-        step()
-    return _tally(((torch_group(ev.name, _under_optimizer(ev)), ev.name,
-                    ev.self_cpu_time_total / 1e3) for ev in prof.events()
-                   if ev.self_cpu_time_total > 0), spec["steps"])
-  return _finish(spec, runs, profile)
-
-
-def child(spec):
-  """bench.worker's ``ops``: one framework's profile or ablation."""
-  return {"jax": _jax, "torch": _torch}[spec["framework"]](spec)
+def torch_op_groups(events, steps: int):
+  """:func:`_tally` of ``torch.profiler``'s events (self CPU ms per step)."""
+  return _tally(((torch_group(ev.name, _under_optimizer(ev)), ev.name,
+                  ev.self_cpu_time_total / 1e3) for ev in events
+                 if ev.self_cpu_time_total > 0), steps)
 
 
 # Reading traces saved elsewhere (bench/accelerator.py --profile DIR).
@@ -565,7 +458,10 @@ def main(argv=None) -> dict:
     print(format_traces(tables))
     return tables
   isa_line = machine.set_isa(args.isa)
-  spec = {k: v for k, v in vars(args).items() if k not in ("isa", "json")}
+  spec = dict(harness.Workload(
+      name=args.model, mode=args.mode, batch=args.batch, warmup=args.warmup,
+      image_size=args.image_size, layers=args.layers).spec(), **{
+          k: v for k, v in vars(args).items() if k not in ("isa", "json")})
   res = dict(spec, machine=machine.cpu_info(), isa=args.isa,
              isa_line=isa_line, load_before=os.getloadavg()[0])
   got = {fw: harness.call("ops", dict(spec, framework=fw), fw,
