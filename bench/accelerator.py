@@ -59,14 +59,12 @@ PEAK_BF16 = (("H200", 989e12), ("H100 PCIe", 756e12),  # H200 SXM
 TARGET_IMG_S = 2900.0
 TARGET_LOGITS_REL = 1e-4
 TARGET_E2E_RATIO = 0.9
-# What a CPU run uses unless told otherwise (seconds, not hours).
-CPU_DEFAULTS = dict(model="vit_ti_16", image_size=32, batch=[4, 8],
-                    attention=["matmul", "xla"], steps=3, jpeg_size=[48, 64],
-                    e2e_steps=6, images=64, timm_depth=2)
-ACCEL_DEFAULTS = dict(model="vit_b_16", image_size=224, batch=[256, 512],
-                      attention=["cudnn", "xla"], steps=20,
-                      jpeg_size=[375, 500], e2e_steps=60, images=2048,
-                      timm_depth=0)
+# The defaults on an accelerator, and on a CPU (seconds, not hours).
+DEFAULTS = dict(model=("vit_b_16", "vit_ti_16"), image_size=(224, 32),
+                batch=([256, 512], [4, 8]), steps=(20, 3), e2e_steps=(60, 6),
+                attention=(["cudnn", "xla"], ["matmul", "xla"]),
+                jpeg_size=([375, 500], [48, 64]), images=(2048, 64),
+                timm_depth=(0, 2))
 # timm's name of each model parts 5 and 6 compare with.
 TIMM_NAMES = {"vit_ti_16": "vit_tiny_patch16_224",
               "vit_s_16": "vit_small_patch16_224",
@@ -397,9 +395,9 @@ def main(argv=None):
   from bench import input_pipeline as ip_bench  # pylint: disable=import-outside-toplevel
   from bench import machine  # pylint: disable=import-outside-toplevel
   backend = jax.default_backend()
-  for k, v in (CPU_DEFAULTS if backend == "cpu" else ACCEL_DEFAULTS).items():
+  for k, v in DEFAULTS.items():
     if getattr(args, k) is None:
-      setattr(args, k, v)
+      setattr(args, k, v[backend == "cpu"])
   dev = jax.devices()[0]
   res = {"backend": backend, "device": dev.device_kind,
          "devices": jax.local_device_count(),

@@ -13,18 +13,10 @@ import dataclasses
 
 @dataclasses.dataclass(frozen=True)
 class FlopBreakdown:
-  """Forward FLOPs of one image, split by where they are spent."""
-  tokens: int          # N (patches + class token)
-  patch_embed: float
-  qkv_out_proj: float  # 4 * N * D^2 matmuls, linear in N
-  attention: float     # QK^T and AV: 2 * N^2 * D each, quadratic in N
-  mlp: float
-  head: float
-
-  @property
-  def total(self) -> float:
-    return (self.patch_embed + self.qkv_out_proj + self.attention + self.mlp
-            + self.head)
+  """Forward FLOPs of one image, and of its attention products."""
+  tokens: int       # N (patches + class token)
+  total: float
+  attention: float  # QK^T and AV: 2 * N^2 * D each, quadratic in N
 
   @property
   def attention_fraction(self) -> float:
@@ -41,11 +33,12 @@ def vit_forward_flops(*, hidden_size: int, num_layers: int, mlp_dim: int,
   d, m, p, layers = hidden_size, mlp_dim, patch_size, num_layers
   patches = (image_size // p) ** 2
   n = patches + (1 if class_token else 0)
-  return FlopBreakdown(
-      n, float(2 * patches * (p * p * channels) * d),
-      float(layers * 2 * n * d * (4 * d)), float(layers * 2 * (2 * n * n * d)),
-      float(layers * 2 * (2 * n * d * m)),
-      float(2 * d * num_classes if num_classes else 0))
+  attention = layers * 2 * (2 * n * n * d)
+  return FlopBreakdown(n, float(
+      2 * patches * (p * p * channels) * d  # patch embedding
+      + layers * 2 * n * d * (4 * d)  # q/k/v/out projections: linear in N
+      + attention + layers * 2 * (2 * n * d * m)  # the MLP
+      + 2 * d * (num_classes or 0)), float(attention))  # the head
 
 
 def step_flops(variant, image_size: int, mode: str, num_classes: int = 1000):

@@ -300,9 +300,10 @@ def jax_main(spec):
          t0, compile_s, wait.take, wait.settle)
 
 
-# Exported artifacts in their runtimes (python -m vit_jax.export's formats).
-FORMATS = {"stablehlo": "stablehlo", "savedmodel": "savedmodel",
-           "onnxruntime": "onnx"}
+# Exported artifacts in their runtimes: python -m vit_jax.export's format
+# and file suffix.
+FORMATS = {"stablehlo": ("stablehlo", ".shlo"),
+           "savedmodel": ("savedmodel", ""), "onnxruntime": ("onnx", ".onnx")}
 
 
 def runtime_main(framework: str, spec):
@@ -312,10 +313,9 @@ def runtime_main(framework: str, spec):
   if framework == "onnxruntime":  # the ONNX exporter needs torch
     import torch  # noqa: F401  pylint: disable=import-outside-toplevel,unused-import
   from vit_jax import export  # pylint: disable=import-outside-toplevel
-  fmt = FORMATS[framework]
-  folder = tempfile.mkdtemp(prefix=f"vit_bench_{fmt}_")
-  path = os.path.join(folder, "artifact" + {"stablehlo": ".shlo",
-                                            "onnx": ".onnx"}.get(fmt, ""))
+  fmt, suffix = FORMATS[framework]
+  path = os.path.join(tempfile.mkdtemp(prefix=f"vit_bench_{fmt}_"),
+                      "artifact" + suffix)
   t = time.perf_counter()
   export.export(_jax_model(spec), fmt, path)
   export_s = time.perf_counter() - t
