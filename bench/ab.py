@@ -93,20 +93,6 @@ def format_processes(res, labels, processes: int) -> str:
   return "\n".join(lines)
 
 
-def format_table(res) -> str:
-  w = res["workload"]
-  gflop = flops_lib.step_flops(harness.Workload(**w).variant(),
-                               w["image_size"], w["mode"],
-                               w["num_classes"]) / 1e9
-  lines = [f"{w['name']} {w['mode']} {w['dtype']} batch {w['batch']} "
-           f"{w['image_size']}px, {len(res['rounds'])} alternating rounds, "
-           f"load avg {res['load_avg_1m']:.1f}"] + bench_lib.rows(
-               res, gflop, machine.roofline(res.get("gemms"), w["dtype"]))
-  if res.get("gemms"):
-    lines += ["", machine.format_gemms(res["gemms"], w["dtype"])]
-  return "\n".join(lines)
-
-
 # --in-process.
 def compile_options(flags: str) -> Dict[str, Any]:
   """``--xla_a=true --xla_b=3 --xla_c=NAME`` -> ``{"xla_a": True,
@@ -244,12 +230,16 @@ def main(argv=None):
                       reference=cs[0].label, quiet_load=args.quiet_load,
                       max_retries=args.max_retries,
                       wait_quiet_s=args.wait_quiet)
-    res["gemms"] = machine.gemms_for(args, [(args.model, w.batch,
-                                             args.image_size)],
-                                     dtypes=(args.dtype,))
-    table = format_table(res) + ("\n\n" + format_processes(
-        res, [c.label for c in base], args.processes)
-                                 if args.processes > 1 else "")
+    res["gemms"] = gemms = machine.gemms_for(
+        args, [(args.model, w.batch, w.image_size)], dtypes=(w.dtype,))
+    gflop = flops_lib.step_flops(w.variant(), w.image_size, w.mode) / 1e9
+    table = "\n".join([
+        f"{w.name} {w.mode} {w.dtype} batch {w.batch} {w.image_size}px, "
+        f"{args.rounds} alternating rounds, load avg "
+        f"{res['load_avg_1m']:.1f}"] + bench_lib.rows(res, gflop, gemms) + (
+            ["", format_processes(res, [c.label for c in base],
+                                  args.processes)]
+            if args.processes > 1 else []))
   harness.emit(machine.describe() + "\n" + isa_line + "\n" + table,
                {k: v for k, v in res.items() if k != "times"}, args.json)
   return res

@@ -105,10 +105,12 @@ def _fmt(v, spec: str) -> str:
   return "-" if v is None else spec.format(v)
 
 
-def rows(res, gflop=None, best=None) -> list:
-  """The lines of a run's table (bench.py, ab.py): one per contestant, and
-  what the columns mean."""
-  ref, batch = res["reference"], res["workload"]["batch"]
+def rows(res, gflop=None, gemms=None) -> list:
+  """The lines of a run's table (bench.py, ab.py): one per contestant, what
+  the columns mean, and the GEMM rates (the roofline of ``% GEMM``)."""
+  ref, (batch, dtype) = res["reference"], (res["workload"]["batch"],
+                                           res["workload"]["dtype"])
+  best = machine.roofline(gemms, dtype)
   out = [f"{'':15s} {'img/s':>8s} {'min-max':>15s} {'ms/step':>8s} "
          f"{'GFLOP/s':>8s} {'% GEMM':>6s} {'vs ' + ref:>20s} "
          f"{'cpu ratio':>9s} {'compile':>7s} {'cpu use':>7s} {'others':>6s} "
@@ -129,7 +131,8 @@ def rows(res, gflop=None, best=None) -> list:
       f"vs {ref}: median of per-round paired img/s ratios; cpu ratio: "
       f"{ref}'s CPU-seconds per image over this one's (a load-robust "
       f"cross-check); cpu use in cores (well under "
-      f"{res['cpu_count']}: starved); others: cores other processes used"]
+      f"{res['cpu_count']}: starved); others: cores other processes used"
+  ] + (["", machine.format_gemms(gemms, dtype)] if gemms else [])
 
 
 def summarise(res, w: harness.Workload, gemms=None) -> dict:
@@ -180,14 +183,12 @@ def format_table(rec: dict) -> str:
             f"alternating rounds, load avg {res['load_avg_1m']:.1f}" + (
                 f"  |  {gflop:.2f} GFLOP/image (analytic"
                 f"{', train = 3x forward' if w['mode'] == 'train' else ''})"
-                if gflop else ""), ""]
-  lines += rows(res, gflop, machine.roofline(rec.get("gemms"), w["dtype"]))
+                if gflop else "")]
   if "ratio" in rec:
     lines.append(f"ratio jax/{rec['peer']} = {rec['ratio']:.2f}x [min "
                  f"{rec['ratio_min']:.2f}x, max {rec['ratio_max']:.2f}x]; "
                  f"CPU-time ratio {rec['cpu_time_ratio']:.2f}x")
-  if rec.get("gemms"):
-    lines += ["", machine.format_gemms(rec["gemms"], w["dtype"])]
+  lines += [""] + rows(res, gflop, rec.get("gemms"))
   for lab, c in res["contestants"].items():
     lines.append(f"{lab}: " + ", ".join(f"{k} {c['info'][k]}" for k in (
         "jax", "xla_flags", "torch", "threads", "tensorflow", "onnxruntime",
