@@ -12,12 +12,9 @@ XLA_FLAGS (in-process: compile options), ``src=PATH`` vit_jax from another
 checkout, ``opt.FIELD=V`` a model override, ``donate=false``,
 ``release_wait=false`` (worker.ReleaseWait), ``env.NAME=V``,
 ``input=square|naflex_square|naflex`` (in-process: a NaFlex model's inputs
-of one token count). Default: each config in its own process, alternating
-(``--processes N``: in N each). ``--in-process``: one child compiles every
-config's step and steps them in rotation, medians over steps that did not
-fault (it resolves ~2 % where processes differ by 10 %); ``--steps 0``:
-compile time and memory only. ``--same-graph``: a hash of each config's
-lowered step, each in its own process (the same hash, the same program).
+of one token count). ``--in-process`` resolves ~2 % where processes differ
+by 10 %; its medians skip steps that faulted their pages in. The modes:
+bench/README.md.
 """
 
 from __future__ import annotations
@@ -32,10 +29,8 @@ from typing import Any, Dict, List
 if __package__ in (None, ""):
   sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from bench import bench as bench_lib  # noqa: E402
-from bench import flops as flops_lib  # noqa: E402
-from bench import harness  # noqa: E402
-from bench import machine  # noqa: E402
+from bench import (  # noqa: E402
+    bench as bench_lib, flops as flops_lib, harness, machine)
 from vit_jax.data import console  # noqa: E402
 
 FAULTED = 1000  # page faults that make a step "faulted" (fresh memory)

@@ -4,29 +4,17 @@ r"""One command that measures an accelerator for training ViTs.
     .venv/bin/python bench/accelerator.py --batch 256 --attention cudnn xla \
         --scan on off --json bench/results/accelerator_h100.json
 
-On the default backend (GPU, TPU; on a CPU tiny sizes, and it says so):
-
-1. **train step**: ``train.py``'s jitted step (``train.step.compile_steps``:
-   uint8 batch normalised on the device, bfloat16 compute, the config's
-   optimizer), data-parallel over the local devices, per ``--batch`` (per
-   device) x ``--attention`` x ``--scan``: img/s per device and MFU (img/s
-   x analytic train FLOPs per image, ``flops.py``, / the device's peak
-   dense bfloat16 FLOP/s, :data:`PEAK_BF16`; "unknown" elsewhere).
-2. **input pipeline alone** (``input_pipeline.py``, generated JPEGs, every
-   host core), where TensorFlow is installed.
-3. **train.py end to end** against the step alone (the first setting of
-   1.): the loop's last logged img/s over the step's (target >= 0.9). With
-   ``--e2e-data synthetic`` (default) on batches made on the devices (no
-   TensorFlow): the loop's own cost; ``folder``: fed by the pipeline.
-4. **logits vs CPU**: float32 logits on the accelerator and the host CPU at
-   the highest matmul precision, max |a - b| / max |b| (target <= 1e-4).
-5. **against timm**: timm's model with random, perturbed weights loaded into
-   ours; float32 logits of ours (accelerator: default and highest
-   precision; CPU) and timm's (CPU, CUDA) against timm's in float64.
-6. **torch's train step** (where torch has CUDA): timm's model, bfloat16
-   autocast, fused AdamW, the first batch of 1., beside ours.
-
-Every number names the device and the host CPU; a part not run says so.
+On the default backend (a CPU: tiny sizes, and it says so; see
+docs/accelerators.md): 1. ``train.py``'s jitted train step (uint8 batch
+normalised on the device) per ``--batch`` (per device) x ``--attention`` x
+``--scan``: img/s per device and MFU (analytic FLOPs, ``flops.py``, over
+:data:`PEAK_BF16`); 2. the input pipeline alone (``input_pipeline.py``;
+where TensorFlow is); 3. ``train.py`` end to end against the step alone
+(``--e2e-data``); 4. float32 logits against the host CPU's at the highest
+matmul precision; 5. ours and timm's against timm's in float64 (random,
+perturbed weights); 6. timm's train step in torch (where it has CUDA),
+eager and ``--torch-compile``. Every number names the device and the host
+CPU; a part not run says so.
 """
 
 from __future__ import annotations
@@ -346,7 +334,6 @@ def main(argv=None):
   console.quiet_native_logs()
   p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
   p.add_argument("--model", help="default vit_b_16 (vit_ti_16 on CPU)")
-  p.add_argument("--image-size", type=int)
   p.add_argument("--dtype", default="bfloat16")
   p.add_argument("--remat", default="", help="the blocks' remat_policy "
                  "(full, dots, ...; default none)")
@@ -357,9 +344,9 @@ def main(argv=None):
                       "on CPU); 'auto' = the backend's choice")
   p.add_argument("--scan", nargs="+", choices=("on", "off"),
                  default=["off", "on"])
-  for flag, what in (("--steps", "timed steps per setting"),
+  for flag, what in (("--image-size", None), ("--images", "JPEGs generated"),
+                     ("--steps", "timed steps per setting"),
                      ("--e2e-steps", "train.py's steps in part 3"),
-                     ("--images", "JPEGs generated"),
                      ("--timm-depth", "blocks of timm's model in part 5 (0: "
                       "all; default all, 2 on CPU)")):
     p.add_argument(flag, type=int, help=what)
@@ -392,8 +379,7 @@ def main(argv=None):
 
   import jax  # pylint: disable=import-outside-toplevel
 
-  from bench import input_pipeline as ip_bench  # pylint: disable=import-outside-toplevel
-  from bench import machine  # pylint: disable=import-outside-toplevel
+  from bench import input_pipeline as ip_bench, machine  # pylint: disable=import-outside-toplevel
   backend = jax.default_backend()
   for k, v in DEFAULTS.items():
     if getattr(args, k) is None:

@@ -8,16 +8,12 @@
     python bench/bench.py --model vit_b_16 --batch 4 --image-size 224 384 512
 
 ``--model``: our variant (the peer: torchvision's model) or a timm name
-(timm's model; ours loads its weights with ``formats.from_timm``). Peers
-(``--peer``, repeatable): ``torch`` (eager; the default), ``torch.compile``,
-``stablehlo`` / ``savedmodel`` / ``onnxruntime`` (our model exported by
-``python -m vit_jax.export``, run by jax.export / TensorFlow / onnxruntime;
-inference, float32), ``none``. Every side gets the same weights and inputs.
-infer: ``jit(model.apply)`` vs ``model.eval()`` under inference_mode; train:
-forward + cross-entropy + backward + AdamW, one jitted step (state donated)
-vs torch eager; bfloat16: JAX in bf16 with float32 parameters, torch under
-``torch.autocast``. Several values of ``--model``, ``--batch`` or
-``--image-size`` make a sweep: one comparison per point, then one table.
+(timm's model; ours loads its weights with ``formats.from_timm``); the
+peers (``--peer``) in bench/README.md. Every side gets the same weights and
+inputs. train: forward + cross-entropy + backward + AdamW, one jitted step
+(state donated) vs torch eager; bfloat16: JAX in bf16 with float32
+parameters, torch under ``torch.autocast``. Several values of ``--model``,
+``--batch`` or ``--image-size`` make a sweep, then one table of them all.
 """
 
 from __future__ import annotations
@@ -30,9 +26,7 @@ import sys
 if __package__ in (None, ""):  # `python bench/bench.py`
   sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from bench import flops as flops_lib  # noqa: E402
-from bench import harness  # noqa: E402
-from bench import machine  # noqa: E402
+from bench import flops as flops_lib, harness, machine  # noqa: E402
 from vit_jax.data import console  # noqa: E402
 
 RUNTIMES = ("stablehlo", "savedmodel", "onnxruntime")

@@ -2,14 +2,11 @@
 
     .venv/bin/python bench/input_pipeline.py --cores 1 2 --step-rate 2900
 
-Generated photo-like JPEGs (``--jpeg-size``, ImageNet's typical 500x375 by
-default) read through ``vit_jax.data.batches.train_dataset`` as ``train.py``
-does (tfds ImageFolder, shuffle, Inception crop with
-``decode_and_crop_jpeg``, flip, uint8 batches), with and without
-RandAugment, on ``--cores`` tf.data threads; nothing goes to a device. It
-prints img/s, the images per CPU-second of the process (robust to other
-processes starving it) and how many such cores an accelerator's step rate
-(``--step-rate``, e.g. 2,900 img/s for ViT-B/16 bf16 on one H100) needs.
+Generated photo-like JPEGs (``--jpeg-size``) through ``train.py``'s
+``vit_jax.data.batches.train_dataset`` (Inception crop, flip, uint8), with
+and without RandAugment, on ``--cores`` tf.data threads; nothing goes to a
+device. It prints img/s, images per CPU-second (robust to other processes
+starving it) and the cores a step rate (``--step-rate``) needs.
 """
 
 from __future__ import annotations
@@ -27,8 +24,7 @@ if __package__ in (None, ""):
 
 import numpy as np  # noqa: E402
 
-from bench import harness  # noqa: E402
-from bench import machine  # noqa: E402
+from bench import harness, machine  # noqa: E402
 from vit_jax.data import console  # noqa: E402
 
 
@@ -76,8 +72,7 @@ def measure(config, *, cores: int, batch: int, batches: int,
   ``warmup`` untimed ones) on ``cores`` tf.data threads."""
   import tensorflow as tf  # pylint: disable=import-outside-toplevel
 
-  from vit_jax.data import batches as data_batches  # pylint: disable=import-outside-toplevel
-  from vit_jax.data import sources  # pylint: disable=import-outside-toplevel
+  from vit_jax.data import batches as data_batches, sources  # pylint: disable=import-outside-toplevel
   src = sources.get_source(config)
   ds = data_batches.train_dataset(config, src, local_batch=batch,
                                   start_step=0, process_index=0,

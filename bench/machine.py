@@ -4,11 +4,9 @@
     python bench/machine.py --model vit_ti_16 --batch 16 --json
 
 Every table starts with :func:`describe` (the CPU, and the ISA extensions
-that decide a ViT's speed on it); the throughput tables time in the same
-run each framework's GEMMs (:func:`gemms_for`: a square GEMM and the
-model's own shapes; XLA float32 and bf16 x bf16 -> float32, torch float32
-(MKL) and bfloat16 (oneDNN)), each in its own child, the best of several
-repetitions. The best rate for a dtype is the roofline (:func:`roofline`).
+that decide a ViT's speed on it); the throughput tables time each
+framework's GEMMs in the same run (:func:`gemms_for`), the best rate for
+the workload's dtype their roofline (:func:`roofline`).
 """
 
 from __future__ import annotations

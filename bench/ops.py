@@ -2,17 +2,18 @@
 model and batch; with ``--ablate``, what each group of ops costs it.
 
     python bench/ops.py --model vit_ti_16 --batch 16 [--ablate] [--isa avx2]
+    python bench/ops.py --trace DIR/jax DIR/torch_default.trace.json --steps 3
 
-Each framework in its own child. JAX: the thunks of a ``jax.profiler`` trace
-of the step, grouped by what their HLO computes; torch: ``torch.profiler``'s
-aten ops, grouped alike. XLA:CPU runs independent ops at once and an op's
-time includes its wait for a thread: this shows where ops are, not what
-they cost. ``--ablate`` measures that: the step with a group replaced by a
-near-free stand-in in both frameworks (:data:`ABLATIONS`; "all": the three
-at once), every variant built in the framework's child (the stand-ins in
-place while JAX traces, around each torch step) and timed in rotation over
-``--rounds``; a group's cost is the full step minus the step without it,
-paired within a round. Only the time of a stand-in is read.
+Each framework in its own child (``worker.ops_main``). JAX: the thunks of a
+``jax.profiler`` trace of the step, grouped by what their HLO computes;
+torch: ``torch.profiler``'s aten ops, grouped alike. XLA:CPU runs
+independent ops at once, an op's time including its wait for a thread:
+this shows where ops are, not what they cost. ``--ablate`` measures that:
+the step with a group replaced by a near-free stand-in in both frameworks
+(:data:`ABLATIONS`; "all": the three at once), the variants timed in
+rotation over ``--rounds``; a group's cost is the full step minus the step
+without it, paired within a round. ``--trace``: the traces
+``accelerator.py --profile DIR`` saved (a GPU's ops), read back.
 """
 
 from __future__ import annotations
@@ -30,8 +31,7 @@ import sys
 if __package__ in (None, ""):
   sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from bench import harness  # noqa: E402  pylint: disable=wrong-import-position
-from bench import machine  # noqa: E402  pylint: disable=wrong-import-position
+from bench import harness, machine  # noqa: E402  pylint: disable=wrong-import-position
 
 GROUPS = ("dense GEMMs", "attention matmuls", "softmax", "LayerNorm", "GELU",
           "patch embedding", "optimizer", "layout copies", "loss + other")
