@@ -30,7 +30,7 @@ if __package__ in (None, ""):
   sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from bench import (  # noqa: E402
-    bench as bench_lib, flops as flops_lib, harness, machine)
+    bench as bench_lib, harness, machine)
 from vit_jax.data import console  # noqa: E402
 
 FAULTED = 1000  # page faults that make a step "faulted" (fresh memory)
@@ -221,13 +221,10 @@ def main(argv=None):
       if "input" in c.options:
         raise ValueError(f"--config {c.label!r}: input= runs --in-process")
     cs = replicate(base, args.processes)
-    res = harness.run(w, cs, rounds=args.rounds, round_s=args.round_seconds,
-                      reference=cs[0].label, quiet_load=args.quiet_load,
-                      max_retries=args.max_retries,
-                      wait_quiet_s=args.wait_quiet)
+    res = harness.run(w, cs, args, reference=cs[0].label)
     res["gemms"] = gemms = machine.gemms_for(
         args, [(args.model, w.batch, w.image_size)], dtypes=(w.dtype,))
-    gflop = flops_lib.step_flops(w.variant(), w.image_size, w.mode) / 1e9
+    gflop = machine.step_flops(w.variant(), w.image_size, w.mode) / 1e9
     table = "\n".join([
         f"{w.name} {w.mode} {w.dtype} batch {w.batch} {w.image_size}px, "
         f"{args.rounds} alternating rounds, load avg "

@@ -7,7 +7,7 @@ r"""One command that measures an accelerator for training ViTs.
 On the default backend (a CPU: tiny sizes, and it says so; see
 docs/accelerators.md): 1. ``train.py``'s jitted train step (uint8 batch
 normalised on the device) per ``--batch`` (per device) x ``--attention`` x
-``--scan``: img/s per device and MFU (analytic FLOPs, ``flops.py``, over
+``--scan``: img/s per device and MFU (analytic FLOPs, ``machine.py``, over
 :data:`PEAK_BF16`); 2. the input pipeline alone (``input_pipeline.py``;
 where TensorFlow is); 3. ``train.py`` end to end against the step alone
 (``--e2e-data``); 4. float32 logits against the host CPU's at the highest
@@ -92,10 +92,10 @@ def time_steps(step, sync, counts) -> list:
 def _rate(args, batch: int, compile_s: float, wall: float, peak) -> dict:
   """img/s per device of ``args.steps`` steps of ``batch`` images in
   ``wall`` s, and the MFU of the model's analytic train FLOPs."""
-  from bench import flops  # pylint: disable=import-outside-toplevel
+  from bench import machine  # pylint: disable=import-outside-toplevel
   from vit_jax import models  # pylint: disable=import-outside-toplevel
   per_dev = args.steps * batch / wall
-  f_img = flops.step_flops(models.decode_variant(args.model), args.image_size,
+  f_img = machine.step_flops(models.decode_variant(args.model), args.image_size,
                            "train", 1000)
   return {"step_s": wall / args.steps, "compile_s": compile_s,
           "img_per_s": per_dev, "train_flops_per_image": f_img,

@@ -26,7 +26,7 @@ import sys
 if __package__ in (None, ""):  # `python bench/bench.py`
   sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from bench import flops as flops_lib, harness, machine  # noqa: E402
+from bench import harness, machine  # noqa: E402
 from vit_jax.data import console  # noqa: E402
 
 RUNTIMES = ("stablehlo", "savedmodel", "onnxruntime")
@@ -134,7 +134,7 @@ def summarise(res, w: harness.Workload, gemms=None) -> dict:
   c = res["contestants"]
   rec = {"model": w.name, "mode": w.mode, "dtype": w.dtype, "batch": w.batch,
          "image_size": w.image_size}
-  fb = None if w.timm else flops_lib.vit_forward_flops(
+  fb = None if w.timm else machine.vit_forward_flops(
       image_size=w.image_size, **vars(w.variant()))
   rec.update(gflop_per_image=fb and fb.total * (3 if w.mode == "train" else 1)
              / 1e9, tokens=fb and fb.tokens,
@@ -242,10 +242,7 @@ def main(argv=None):
                          image_size=s, warmup=args.warmup, timm=is_timm(m),
                          layers=args.layers)
     harness.log(f"== {m} batch {b} {s}px")
-    res = harness.run(w, contestants(args, w.timm), rounds=args.rounds,
-                      round_s=args.round_seconds, quiet_load=args.quiet_load,
-                      max_retries=args.max_retries, reference="jax",
-                      wait_quiet_s=args.wait_quiet)
+    res = harness.run(w, contestants(args, w.timm), args, reference="jax")
     res["machine"] = info
     rec = dict(summarise(res, w, gemms), isa=args.isa, isa_line=isa_line)
     recs.append(rec)

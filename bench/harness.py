@@ -3,7 +3,7 @@
 Each contestant (JAX with some options, torch, an exported artifact in its
 runtime) lives in its own child process (:mod:`bench.worker`): torch's and
 XLA's thread pools in one process slow each other down. Every round runs
-each for about ``round_s`` seconds, the order reversed every round (A B,
+each for about ``--round-seconds``, the order reversed every round (A B,
 B A, ...); a ratio is the median of per-round *paired* ratios. Also: the
 machine's load (``/proc/stat``) and :func:`call` (a one-shot child).
 """
@@ -231,16 +231,17 @@ def _round_log(label: str, v: Dict[str, Any]) -> str:
           + (", after a heap trim" if v["trimmed_before"] else "") + ")")
 
 
-def run(workload: Workload, contestants: List[Contestant], *, rounds: int = 5,
-        round_s: float = 4.0, pause_s: float = 0.3,
-        reference: Optional[str] = None, quiet_load: float = 0.3,
-        max_retries: int = 2, wait_quiet_s: float = 0.0) -> Dict[str, Any]:
-  """Sets up every contestant (one at a time), then runs ``rounds``
-  alternating rounds; ``reference`` (default: the last) is the ratios'
+def run(workload: Workload, contestants: List[Contestant], args,
+        reference: Optional[str] = None, pause_s: float = 0.3
+        ) -> Dict[str, Any]:
+  """Sets up every contestant (one at a time), then runs ``args.rounds``
+  alternating rounds of about ``args.round_seconds`` per turn (bench.py's
+  ``add_run_args``); ``reference`` (default: the last) is the ratios'
   denominator and the logits' reference. A turn during which other
-  processes used more than ``quiet_load`` cores is repeated (at most
-  ``max_retries`` times; the quietest kept), after waiting up to
-  ``wait_quiet_s`` for quiet."""
+  processes used more than ``--quiet-load`` cores is repeated (at most
+  ``--max-retries`` times; the quietest kept), after waiting up to
+  ``--wait-quiet`` seconds for quiet."""
+  rounds, quiet_load = args.rounds, args.quiet_load
   reference = reference or contestants[-1].label
   spec = workload.spec()
   tmp = tempfile.mkdtemp(prefix="vit_bench_")
@@ -265,7 +266,7 @@ def run(workload: Workload, contestants: List[Contestant], *, rounds: int = 5,
     iters = {}  # one step each gives the iterations per round
     for w in workers:
       t = w.run(1)["wall_s"]
-      iters[w.c.label] = max(1, int(round(round_s / max(t, 1e-6))))
+      iters[w.c.label] = max(1, round(args.round_seconds / max(t, 1e-6)))
     log("[calibrate] steps per round: " +
         ", ".join(f"{k} {v}" for k, v in iters.items()))
     per_round: List[Dict[str, Any]] = []
@@ -273,10 +274,10 @@ def run(workload: Workload, contestants: List[Contestant], *, rounds: int = 5,
       row = {}
       for w in (workers if r % 2 == 0 else workers[::-1]):
         tries = []
-        for _ in range(1 + max_retries):
+        for _ in range(1 + args.max_retries):
           time.sleep(pause_s)  # let the other pool's spinning threads park
-          if wait_quiet_s > 0:
-            wait_for_quiet(wait_quiet_s, quiet_load)
+          if args.wait_quiet > 0:
+            wait_for_quiet(args.wait_quiet, quiet_load)
           tries.append(_timed_turn(w, iters[w.c.label]))
           if tries[-1]["other_load"] + tries[-1]["steal"] <= quiet_load:
             break

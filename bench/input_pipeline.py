@@ -51,16 +51,12 @@ def write_jpegs(directory: str, n: int, height: int, width: int,
 
 
 def pipeline_config(folder: str, *, image_size: int = 224,
-                    randaugment: bool = False, seed: int = 0):
-  """configs/common.py's defaults on the folder, as the b16 recipes use
-  them (Inception crop + flip; RandAugment 2 x 9 like ``:scratch``)."""
+                    randaugment: bool = False):
+  """configs/common.py's defaults (Inception crop + flip, as the b16
+  recipes) on the folder; RandAugment 2 x 9 like ``:scratch``."""
   from configs import common  # pylint: disable=import-outside-toplevel
   c = common.get_config()
-  c.dataset = f"folder:{folder}"
-  c.image_size = image_size
-  c.seed = seed
-  c.pp.crop = "inception"
-  c.pp.flip = True
+  c.dataset, c.image_size = f"folder:{folder}", image_size
   c.pp.randaugment_layers = 2 if randaugment else 0
   c.pp.randaugment_magnitude = 9
   return c

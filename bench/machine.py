@@ -1,4 +1,4 @@
-"""The machine a benchmark runs on, and the fastest GEMM it does.
+"""The machine a benchmark runs on, its fastest GEMM, and a ViT's FLOPs.
 
     python bench/machine.py                        # this machine, 2048^3
     python bench/machine.py --model vit_ti_16 --batch 16 --json
@@ -6,12 +6,14 @@
 Every table starts with :func:`describe` (the CPU, and the ISA extensions
 that decide a ViT's speed on it); the throughput tables time each
 framework's GEMMs in the same run (:func:`gemms_for`), the best rate for
-the workload's dtype their roofline (:func:`roofline`).
+the workload's dtype their roofline (:func:`roofline`) for the model's
+analytic FLOPs (:func:`vit_forward_flops`).
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import importlib.util
 import os
 import platform
@@ -180,11 +182,9 @@ def _time_gemm(run, flop: float, seconds: float, repeats: int = 5) -> float:
     return flop / best / 1e9
   for _ in range(repeats):
     t0, n = time.perf_counter(), 0
-    while True:
+    while not n or time.perf_counter() - t0 < seconds / repeats:
       run()
       n += 1
-      if time.perf_counter() - t0 >= seconds / repeats:
-        break
     best = min(best, (time.perf_counter() - t0) / n)
   return flop / best / 1e9
 
@@ -216,6 +216,48 @@ def gemm_child(spec) -> Dict[str, Any]:
                     "gflops": _time_gemm(lambda: mul(a, b),  # pylint: disable=cell-var-from-loop
                                          2.0 * m * k * n, spec["seconds"])})
   return {"version": version, "rates": rates}
+
+
+# Analytic FLOPs of a ViT (one multiply-add = 2 FLOPs): only matmul-like
+# work (patch embedding, q/k/v/out projections, the two attention products,
+# the MLP, the head); LayerNorm, softmax, GELU and adds are a few percent and
+# left out, as is usual. A training step is 3x the forward pass (backward =
+# 2x forward); the optimizer is ignored.
+@dataclasses.dataclass(frozen=True)
+class FlopBreakdown:
+  """Forward FLOPs of one image, and of its attention products."""
+  tokens: int       # N (patches + class token)
+  total: float
+  attention: float  # QK^T and AV: 2 * N^2 * D each, quadratic in N
+
+  @property
+  def attention_fraction(self) -> float:
+    """Share of the quadratic (N^2) attention term in the forward FLOPs."""
+    return self.attention / self.total
+
+
+def vit_forward_flops(*, hidden_size: int, num_layers: int, mlp_dim: int,
+                      patch_size: int, image_size: int, num_classes: int = 1000,
+                      channels: int = 3, class_token: bool = True,
+                      **unused) -> FlopBreakdown:
+  """Forward FLOPs of one ``image_size`` x ``image_size`` image."""
+  del unused
+  d, m, p, layers = hidden_size, mlp_dim, patch_size, num_layers
+  patches = (image_size // p) ** 2
+  n = patches + (1 if class_token else 0)
+  attention = layers * 2 * (2 * n * n * d)
+  return FlopBreakdown(n, float(
+      2 * patches * (p * p * channels) * d  # patch embedding
+      + layers * 2 * n * d * (4 * d)  # q/k/v/out projections: linear in N
+      + attention + layers * 2 * (2 * n * d * m)  # the MLP
+      + 2 * d * (num_classes or 0)), float(attention))  # the head
+
+
+def step_flops(variant, image_size: int, mode: str, num_classes: int = 1000):
+  """FLOPs per image of one ``mode`` ('infer' or 'train') step."""
+  fwd = vit_forward_flops(image_size=image_size, num_classes=num_classes,
+                          **dataclasses.asdict(variant)).total
+  return fwd * (3.0 if mode == "train" else 1.0)
 
 
 def roofline(gemms: Optional[Dict[str, Any]], dtype: str
