@@ -61,8 +61,7 @@ def add_run_args(p: argparse.ArgumentParser, rounds=5, round_s=4.0,
                  help="untimed steps after the first (compiling) one")
   p.add_argument("--jax-opt", action="append", metavar="FIELD=VALUE",
                  help="model override of the JAX side (repeatable)")
-  machine.add_gemm_args(p)
-  machine.add_isa_arg(p)
+  machine.add_args(p)
   p.add_argument("--json", action="store_true",
                  help="print JSON (the table goes to stderr)")
 

@@ -263,10 +263,9 @@ def run(workload: Workload, contestants: List[Contestant], args,
           None else ")"))
       workers.append(w)
     workers.sort(key=lambda w: contestants.index(w.c))
-    iters = {}  # one step each gives the iterations per round
-    for w in workers:
-      t = w.run(1)["wall_s"]
-      iters[w.c.label] = max(1, round(args.round_seconds / max(t, 1e-6)))
+    # One step of each gives its steps per round.
+    iters = {w.c.label: max(1, round(args.round_seconds / max(
+        w.run(1)["wall_s"], 1e-6))) for w in workers}
     log("[calibrate] steps per round: " +
         ", ".join(f"{k} {v}" for k, v in iters.items()))
     per_round: List[Dict[str, Any]] = []
@@ -291,11 +290,10 @@ def run(workload: Workload, contestants: List[Contestant], args,
       w.close()
     shutil.rmtree(tmp, ignore_errors=True)  # the weights (350 MB for B/16)
 
-  out: Dict[str, Any] = {"workload": dataclasses.asdict(workload),
-                         "rounds": per_round, "reference": reference,
-                         "cpu_count": os.cpu_count(),
-                         "load_avg_1m": os.getloadavg()[0],
-                         "contestants": {}}
+  out: Dict[str, Any] = {
+      "workload": dataclasses.asdict(workload), "rounds": per_round,
+      "reference": reference, "cpu_count": os.cpu_count(),
+      "load_avg_1m": os.getloadavg()[0], "contestants": {}}
   ref_check = next(w.ready["check"] for w in workers
                    if w.c.label == reference)
   for w in workers:

@@ -107,8 +107,7 @@ def run(args) -> dict:
           # window the whole JPEG (the pipeline before decode_and_crop).
           transforms._JPEG_CROP_MARGIN = (  # pylint: disable=protected-access
               margin if decode == "crop" else 1 << 20)
-          r = measure(cfg, cores=cores, batch=args.batch,
-                      batches=args.batches)
+          r = measure(cfg, cores=cores, batch=args.batch, batches=args.batches)
           rows.append(dict(r, randaugment=ra, cores=cores, decode=decode))
   finally:
     transforms._JPEG_CROP_MARGIN = margin  # pylint: disable=protected-access

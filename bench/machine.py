@@ -134,12 +134,6 @@ def set_isa(isa: str, info: Optional[Dict[str, Any]] = None) -> str:
           f"); {NOT_CAPPED}. {EMULATION_CAVEAT}")
 
 
-def add_isa_arg(p: argparse.ArgumentParser):
-  p.add_argument("--isa", choices=ISAS, default="native",
-                 help="avx2: an AVX2-only CPU emulated by the packages' "
-                      "documented switches only (the tables say so)")
-
-
 def describe(info: Optional[Dict[str, Any]] = None) -> str:
   """One line naming the CPU, e.g. ``CPU: AMD EPYC (family 26, model 2:
   Zen 5), 2 CPUs | AVX-512 yes, AVX512-BF16 yes, AVX512-VNNI yes, AMX no``."""
@@ -306,8 +300,13 @@ def percent_of(gflops: float, best: Optional[Dict[str, Any]]) -> str:
   return f"{100.0 * gflops / best['gflops']:.0f}%" if best else "-"
 
 
-def add_gemm_args(p: argparse.ArgumentParser):
-  """The roofline options of every throughput table (bench.py, ab.py)."""
+def add_args(p: argparse.ArgumentParser, gemm: bool = True):
+  """``--isa``, and (``gemm``) the roofline options of a throughput table."""
+  p.add_argument("--isa", choices=ISAS, default="native",
+                 help="avx2: an AVX2-only CPU emulated by the packages' "
+                      "documented switches only (the tables say so)")
+  if not gemm:
+    return
   p.add_argument("--gemm-seconds", type=float, default=0.6,
                  help="time per GEMM (framework, dtype, shape) timed")
   p.add_argument("--gemm-square", type=int, default=2048,
@@ -356,8 +355,7 @@ def main(argv=None):
                  help="also time this variant's GEMM shapes (e.g. vit_b_16)")
   p.add_argument("--batch", type=int, default=8)
   p.add_argument("--image-size", type=int, default=224)
-  add_gemm_args(p)
-  add_isa_arg(p)
+  add_args(p)
   p.add_argument("--json", action="store_true")
   args = p.parse_args(argv)
   info = cpu_info()

@@ -23,6 +23,7 @@ import collections
 import contextlib
 import glob
 import json
+import math
 import os
 import re
 import statistics
@@ -52,10 +53,6 @@ _SHAPE = re.compile(r"\w+\[([\d,]*)\]")
 _LHS_C = re.compile(r'lhs_contracting_dim(?:s=\{|ensions":\[)([\d",]*)')
 
 
-def _dims(text: str) -> list:
-  return [int(d) for d in text.replace('"', "").split(",") if d]
-
-
 def _dot_flops(shape: str, args: str, line: str, shapes: dict) -> int:
   """2 x output elements x contracted size of a dot / cuBLAS GEMM line
   (``args``: its text after the opcode's parenthesis); the left operand's
@@ -65,12 +62,9 @@ def _dot_flops(shape: str, args: str, line: str, shapes: dict) -> int:
   out, contract = _SHAPE.search(shape), _LHS_C.search(line)
   if not (out and lhs and contract):
     return 0
-  n, dims = 2, _dims(lhs.group(1))
-  for d in _dims(out.group(1)):
-    n *= d
-  for c in _dims(contract.group(1)):
-    n *= dims[c]
-  return n
+  lhs, out, contract = ([int(d) for d in m.group(1).replace('"', "").split(",")
+                        if d] for m in (lhs, out, contract))
+  return 2 * math.prod(out) * math.prod(lhs[c] for c in contract)
 
 
 def parse_hlo(text: str):
@@ -297,11 +291,9 @@ def torch_group(name: str, in_optimizer: bool = False) -> str:
 
 def _under_optimizer(ev) -> bool:
   p = ev.cpu_parent
-  while p is not None:
-    if p.name.startswith("Optimizer.step"):
-      return True
+  while p is not None and not p.name.startswith("Optimizer.step"):
     p = p.cpu_parent
-  return False
+  return p is not None
 
 
 def torch_op_groups(events, steps: int):
@@ -420,9 +412,8 @@ def format_table(res: dict) -> str:
       f"{t['wall_ms']:.1f} (torch / JAX {t['wall_ms'] / j['wall_ms']:.2f}x)",
       "", f"{'group':20} {'JAX ms':>8} {'torch ms':>9} {'JAX - torch':>12}"]
   for g in GROUPS + ("sum of ops",):
-    a, b = ((sum(j["groups"].values()), sum(t["groups"].values()))
-            if g == "sum of ops" else
-            (j["groups"].get(g, 0.0), t["groups"].get(g, 0.0)))
+    a, b = (sum(x["groups"].values()) if g == "sum of ops" else
+            x["groups"].get(g, 0.0) for x in (j, t))
     lines.append(f"{g:20} {a:8.2f} {b:9.2f} {a - b:+12.2f}")
   if a > 1.2 * j["wall_ms"]:
     lines.append(
@@ -449,7 +440,7 @@ def main(argv=None) -> dict:
                  help="read saved traces instead (bench/accelerator.py "
                       "--profile DIR: DIR/jax, DIR/torch_*.trace.json), "
                       "--steps traced steps each")
-  machine.add_isa_arg(p)
+  machine.add_args(p, gemm=False)
   args = p.parse_args(argv)
   if args.trace:
     tables = {os.path.basename(t.rstrip("/")): (

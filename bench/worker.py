@@ -494,8 +494,7 @@ def main():
     sys.path.insert(0, spec["src"])  # path before anything imports it
   from vit_jax.data import console  # pylint: disable=import-outside-toplevel
   console.quiet_native_logs()  # TensorFlow's load-time INFO lines off
-  # Results go to the parent on stdout; framework logs and warnings to
-  # stderr.
+  # Results to the parent on stdout; framework logs and warnings to stderr.
   real_stdout, sys.stdout = sys.stdout, sys.stderr
   global _send  # pylint: disable=global-statement
   _send = lambda obj: print(json.dumps(obj), file=real_stdout, flush=True)  # noqa: E731
