@@ -95,8 +95,8 @@ def _rate(args, batch: int, compile_s: float, wall: float, peak) -> dict:
   from bench import machine  # pylint: disable=import-outside-toplevel
   from vit_jax import models  # pylint: disable=import-outside-toplevel
   per_dev = args.steps * batch / wall
-  f_img = machine.step_flops(models.decode_variant(args.model), args.image_size,
-                           "train", 1000)
+  f_img = machine.step_flops(models.decode_variant(args.model),
+                             args.image_size, "train", 1000)
   return {"step_s": wall / args.steps, "compile_s": compile_s,
           "img_per_s": per_dev, "train_flops_per_image": f_img,
           "mfu": None if peak is None else per_dev * f_img / peak}
