@@ -145,8 +145,9 @@ def step_rate(args, *, batch: int, attention: str, scan: bool,
       time_steps(step, sync, (3,))
   r = _rate(args, batch, compile_s, wall,
             peak_flops(jax.devices()[0].device_kind))
-  return dict(batch_per_device=batch, attention=attention, scan=scan,
-              img_per_s_per_device=r.pop("img_per_s"), devices=n_dev, **r)
+  r["img_per_s_per_device"] = r.pop("img_per_s")
+  return dict(r, batch_per_device=batch, attention=attention, scan=scan,
+              devices=n_dev)
 
 
 def _logits(model, variables, x, dev, precision=None):
