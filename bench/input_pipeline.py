@@ -83,8 +83,7 @@ def measure(config, *, cores: int, batch: int, batches: int,
   t0, c0 = time.perf_counter(), time.process_time()
   for _ in range(batches):
     next(it)
-  wall = time.perf_counter() - t0
-  cpu = time.process_time() - c0
+  wall, cpu = time.perf_counter() - t0, time.process_time() - c0
   return {"img_per_s": batches * batch / wall, "seconds": wall,
           "cpu_use": cpu / wall, "images": batches * batch,
           "img_per_cpu_s": batches * batch / max(cpu, 1e-9)}
