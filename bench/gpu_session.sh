@@ -12,7 +12,7 @@ python3 -m pip install -q --no-index --no-deps --target /tmp/site .whl/*.whl \
   || exit 1
 export PYTHONPATH=/tmp/site PYTHONUNBUFFERED=1 XLA_PYTHON_CLIENT_PREALLOCATE=false
 OUT=${OUT:-bench/results/gpu}
-mkdir -p "$OUT"
+mkdir -p "$OUT" && OUT=$(cd "$OUT" && pwd)  # absolute: tar runs in /tmp/prof
 A="python3 bench/accelerator.py --skip pipeline logits timm"
 { nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv
   lscpu | grep -E "Model name|^CPU\(s\)"; date -u
