@@ -12,19 +12,15 @@ XLA_FLAGS (in-process: compile options), ``src=PATH`` vit_jax from another
 checkout, ``opt.FIELD=V`` a model override, ``donate=false``,
 ``release_wait=false`` (worker.ReleaseWait), ``env.NAME=V``,
 ``input=square|naflex_square|naflex`` (in-process: a NaFlex model's inputs
-of one token count). Default: each config in its own process, alternating
-(``--processes N``: in N each). ``--in-process``: one child compiles every
-config's step and steps them in rotation, medians over steps that did not
-fault (it resolves ~2 % where processes differ by 10 %); ``--steps 0``:
-compile time and memory only. ``--same-graph``: a hash of each config's
-lowered step, each in its own process (the same hash, the same program).
+of one token count). ``--in-process`` resolves ~2 % where processes differ
+by 10 %; its medians skip steps that faulted their pages in. The modes:
+bench/README.md.
 """
 
 from __future__ import annotations
 
 import argparse
 import dataclasses
-import json
 import os
 import statistics
 import sys
@@ -33,10 +29,8 @@ from typing import Any, Dict, List
 if __package__ in (None, ""):
   sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from bench import bench as bench_lib  # noqa: E402
-from bench import flops as flops_lib  # noqa: E402
-from bench import harness  # noqa: E402
-from bench import machine  # noqa: E402
+from bench import (  # noqa: E402
+    bench as bench_lib, harness, machine)
 from vit_jax.data import console  # noqa: E402
 
 FAULTED = 1000  # page faults that make a step "faulted" (fresh memory)
@@ -94,23 +88,7 @@ def format_processes(res, labels, processes: int) -> str:
   return "\n".join(lines)
 
 
-def format_table(res) -> str:
-  w = res["workload"]
-  gflop = flops_lib.step_flops(harness.Workload(**w).variant(),
-                               w["image_size"], w["mode"],
-                               w["num_classes"]) / 1e9
-  lines = [f"{w['name']} {w['mode']} {w['dtype']} batch {w['batch']} "
-           f"{w['image_size']}px, {len(res['rounds'])} alternating rounds, "
-           f"load avg {res['load_avg_1m']:.1f}"] + bench_lib.rows(
-               res, gflop, machine.roofline(res.get("gemms"), w["dtype"]))
-  if res.get("gemms"):
-    lines += ["", machine.format_gemms(res["gemms"], w["dtype"])]
-  return "\n".join(lines)
-
-
 # --in-process.
-
-
 def compile_options(flags: str) -> Dict[str, Any]:
   """``--xla_a=true --xla_b=3 --xla_c=NAME`` -> ``{"xla_a": True,
   "xla_b": 3, "xla_c": "NAME"}``: XLA_FLAGS as jax.jit compile options."""
@@ -243,20 +221,19 @@ def main(argv=None):
       if "input" in c.options:
         raise ValueError(f"--config {c.label!r}: input= runs --in-process")
     cs = replicate(base, args.processes)
-    res = harness.run(w, cs, rounds=args.rounds, round_s=args.round_seconds,
-                      reference=cs[0].label, quiet_load=args.quiet_load,
-                      max_retries=args.max_retries,
-                      wait_quiet_s=args.wait_quiet, cpus=args.cpus)
-    res["gemms"] = machine.gemms_for(args, [(args.model, w.batch,
-                                             args.image_size)],
-                                     dtypes=(args.dtype,))
-    table = format_table(res) + ("\n\n" + format_processes(
-        res, [c.label for c in base], args.processes)
-                                 if args.processes > 1 else "")
-  print(machine.describe() + "\n" + isa_line + "\n" + table,
-        file=sys.stderr if args.json else sys.stdout)
-  if args.json:
-    print(json.dumps({k: v for k, v in res.items() if k != "times"}))
+    res = harness.run(w, cs, args, reference=cs[0].label)
+    res["gemms"] = gemms = machine.gemms_for(
+        args, [(args.model, w.batch, w.image_size)], dtypes=(w.dtype,))
+    gflop = machine.step_flops(w.variant(), w.image_size, w.mode) / 1e9
+    table = "\n".join([
+        f"{w.name} {w.mode} {w.dtype} batch {w.batch} {w.image_size}px, "
+        f"{args.rounds} alternating rounds, load avg "
+        f"{res['load_avg_1m']:.1f}"] + bench_lib.rows(res, gflop, gemms) + (
+            ["", format_processes(res, [c.label for c in base],
+                                  args.processes)]
+            if args.processes > 1 else []))
+  harness.emit(machine.describe() + "\n" + isa_line + "\n" + table,
+               {k: v for k, v in res.items() if k != "times"}, args.json)
   return res
 
 

@@ -4,29 +4,17 @@ r"""One command that measures an accelerator for training ViTs.
     .venv/bin/python bench/accelerator.py --batch 256 --attention cudnn xla \
         --scan on off --json bench/results/accelerator_h100.json
 
-On the default backend (GPU, TPU; on a CPU tiny sizes, and it says so):
-
-1. **train step**: ``train.py``'s jitted step (``train.step.compile_steps``:
-   uint8 batch normalised on the device, bfloat16 compute, the config's
-   optimizer), data-parallel over the local devices, per ``--batch`` (per
-   device) x ``--attention`` x ``--scan``: img/s per device and MFU (img/s
-   x analytic train FLOPs per image, ``flops.py``, / the device's peak
-   dense bfloat16 FLOP/s, :data:`PEAK_BF16`; "unknown" elsewhere).
-2. **input pipeline alone** (``input_pipeline.py``, generated JPEGs, every
-   host core), where TensorFlow is installed.
-3. **train.py end to end** against the step alone (the first setting of
-   1.): the loop's last logged img/s over the step's (target >= 0.9). With
-   ``--e2e-data synthetic`` (default) on batches made on the devices (no
-   TensorFlow): the loop's own cost; ``folder``: fed by the pipeline.
-4. **logits vs CPU**: float32 logits on the accelerator and the host CPU at
-   the highest matmul precision, max |a - b| / max |b| (target <= 1e-4).
-5. **against timm**: timm's model with random, perturbed weights loaded into
-   ours; float32 logits of ours (accelerator: default and highest
-   precision; CPU) and timm's (CPU, CUDA) against timm's in float64.
-6. **torch's train step** (where torch has CUDA): timm's model, bfloat16
-   autocast, fused AdamW, the first batch of 1., beside ours.
-
-Every number names the device and the host CPU; a part not run says so.
+On the default backend (a CPU: tiny sizes, and it says so; see
+docs/accelerators.md): 1. ``train.py``'s jitted train step (uint8 batch
+normalised on the device) per ``--batch`` (per device) x ``--attention`` x
+``--scan``: img/s per device and MFU (analytic FLOPs, ``machine.py``, over
+:data:`PEAK_BF16`); 2. the input pipeline alone (``input_pipeline.py``;
+where TensorFlow is); 3. ``train.py`` end to end against the step alone
+(``--e2e-data``); 4. float32 logits against the host CPU's at the highest
+matmul precision; 5. ours and timm's against timm's in float64 (random,
+perturbed weights); 6. timm's train step in torch (where it has CUDA),
+eager and ``--torch-compile``. Every number names the device and the host
+CPU; a part not run says so.
 """
 
 from __future__ import annotations
@@ -59,14 +47,12 @@ PEAK_BF16 = (("H200", 989e12), ("H100 PCIe", 756e12),  # H200 SXM
 TARGET_IMG_S = 2900.0
 TARGET_LOGITS_REL = 1e-4
 TARGET_E2E_RATIO = 0.9
-# What a CPU run uses unless told otherwise (seconds, not hours).
-CPU_DEFAULTS = dict(model="vit_ti_16", image_size=32, batch=[4, 8],
-                    attention=["matmul", "xla"], steps=3, jpeg_size=[48, 64],
-                    e2e_steps=6, images=64, timm_depth=2)
-ACCEL_DEFAULTS = dict(model="vit_b_16", image_size=224, batch=[256, 512],
-                      attention=["cudnn", "xla"], steps=20,
-                      jpeg_size=[375, 500], e2e_steps=60, images=2048,
-                      timm_depth=0)
+# The defaults on an accelerator, and on a CPU (seconds, not hours).
+DEFAULTS = dict(model=("vit_b_16", "vit_ti_16"), image_size=(224, 32),
+                batch=([256, 512], [4, 8]), steps=(20, 3), e2e_steps=(60, 6),
+                attention=(["cudnn", "xla"], ["matmul", "xla"]),
+                jpeg_size=([375, 500], [48, 64]), images=(2048, 64),
+                timm_depth=(0, 2))
 # timm's name of each model parts 5 and 6 compare with.
 TIMM_NAMES = {"vit_ti_16": "vit_tiny_patch16_224",
               "vit_s_16": "vit_small_patch16_224",
@@ -76,27 +62,44 @@ TIMM_NAMES = {"vit_ti_16": "vit_tiny_patch16_224",
 
 def peak_flops(device_kind: str):
   """The device's peak bfloat16 FLOP/s, or None (unknown, e.g. a CPU)."""
-  for key, peak in PEAK_BF16:
-    if key.lower() in device_kind.lower():
-      return peak
-  return None
+  return next((peak for key, peak in PEAK_BF16
+               if key.lower() in device_kind.lower()), None)
 
 
-def bench_config(args, *, attention=None, scan=False, batch=None):
-  """configs/b16.py-style training config of the measured workload:
-  from-scratch AdamW recipe (no download), mixup/RandAugment off."""
-  from configs import common  # pylint: disable=import-outside-toplevel
-  c = common.vit_recipe("scratch", args.model, None)
-  c.image_size = args.image_size
-  c.model.dtype = args.dtype
-  c.model.attention_impl = attention
-  c.model.scan_layers = bool(scan)
-  c.model.drop_path_rate = 0.0
-  c.pp.mixup_alpha = 0.0
-  c.pp.randaugment_layers = 0
-  if batch is not None:
-    c.batch_size = batch
-  return c
+def workload(args, attention, scan) -> dict:
+  """The measured workload as overrides of the from-scratch AdamW recipe
+  (configs/b16.py's; no download): part 1's config, part 3's train.py
+  flags; mixup, RandAugment and drop path off."""
+  return {"image_size": args.image_size, "model.dtype": args.dtype,
+          "model.scan_layers": bool(scan), "model.remat_policy": args.remat,
+          "model.drop_path_rate": 0.0, "pp.mixup_alpha": 0.0,
+          "pp.randaugment_layers": 0, **({} if attention is None else {
+              "model.attention_impl": attention})}
+
+
+def time_steps(step, sync, counts) -> list:
+  """Seconds of each run of ``counts[i]`` steps, each synchronised."""
+  times = []
+  for n in counts:
+    t = time.perf_counter()
+    for _ in range(n):
+      step()
+    sync()
+    times.append(time.perf_counter() - t)
+  return times
+
+
+def _rate(args, batch: int, compile_s: float, wall: float, peak) -> dict:
+  """img/s per device of ``args.steps`` steps of ``batch`` images in
+  ``wall`` s, and the MFU of the model's analytic train FLOPs."""
+  from bench import machine  # pylint: disable=import-outside-toplevel
+  from vit_jax import models  # pylint: disable=import-outside-toplevel
+  per_dev = args.steps * batch / wall
+  f_img = machine.step_flops(models.decode_variant(args.model),
+                             args.image_size, "train", 1000)
+  return {"step_s": wall / args.steps, "compile_s": compile_s,
+          "img_per_s": per_dev, "train_flops_per_image": f_img,
+          "mfu": None if peak is None else per_dev * f_img / peak}
 
 
 def step_rate(args, *, batch: int, attention: str, scan: bool,
@@ -105,11 +108,12 @@ def step_rate(args, *, batch: int, attention: str, scan: bool,
   ``profile_dir``, then a ``jax.profiler`` trace of 3 more steps there."""
   import jax  # pylint: disable=import-outside-toplevel
   import numpy as np  # pylint: disable=import-outside-toplevel
-  from bench import flops  # pylint: disable=import-outside-toplevel
-  from vit_jax import models
+  from configs import common  # pylint: disable=import-outside-toplevel
   from vit_jax.train import (optim, sharding, init as train_init, step as train_step)
   n_dev = jax.local_device_count()
-  cfg = bench_config(args, attention=attention, scan=scan, batch=batch * n_dev)
+  cfg = common.vit_recipe("scratch", args.model, None)
+  cfg.update_from_flattened_dict(dict(workload(args, attention, scan),
+                                      batch_size=batch * n_dev))
   num_classes = 1000
   model = train_init.build_model(cfg.model_name,
                                  train_init.model_kwargs(cfg, num_classes))
@@ -119,7 +123,7 @@ def step_rate(args, *, batch: int, attention: str, scan: bool,
   shards = sharding.state_shardings(abstract, mesh)
   fns = train_step.compile_steps(model, tx, cfg, mesh, abstract, shards,
                                  num_classes, mean=(0.5,) * 3, std=(0.5,) * 3)
-  state = fns.init_from_rng(jax.random.key(0))
+  state = [fns.init_from_rng(jax.random.key(0))]
   rng, g, data = np.random.RandomState(0), cfg.batch_size, (
       sharding.batch_sharding(mesh))
   batch_arr = jax.device_put({
@@ -127,28 +131,33 @@ def step_rate(args, *, batch: int, attention: str, scan: bool,
                            np.uint8),
       "label": rng.randint(0, num_classes, (g,), np.int32)}, data)
   votes = jax.device_put(np.zeros((n_dev,), np.int32), data)
-  times = []
-  for n in (1, 2, args.steps):  # compile, warm up, time
-    t = time.perf_counter()
-    for _ in range(n):
-      state, _ = fns.train_step(state, batch_arr, votes)
-    jax.block_until_ready(state.step)
-    times.append(time.perf_counter() - t)
-  compile_s, wall = times[0], times[-1]
-  if profile_dir:
-    with jax.profiler.trace(profile_dir, create_perfetto_trace=True):
-      for _ in range(3):
-        state, _ = fns.train_step(state, batch_arr, votes)
-      jax.block_until_ready(state.step)
-  per_dev = args.steps * batch / wall
-  variant = models.decode_variant(cfg.model_name)
-  f_img = flops.step_flops(variant, cfg.image_size, "train", num_classes)
-  peak = peak_flops(jax.devices()[0].device_kind)
-  return {"batch_per_device": batch, "attention": attention, "scan": scan,
-          "img_per_s_per_device": per_dev, "devices": n_dev,
-          "step_s": wall / args.steps, "compile_s": compile_s,
-          "train_flops_per_image": f_img,
-          "mfu": None if peak is None else per_dev * f_img / peak}
+
+  def step():
+    state[0] = fns.train_step(state[0], batch_arr, votes)[0]
+  sync = lambda: jax.block_until_ready(state[0].step)  # noqa: E731
+  compile_s, _, wall = time_steps(step, sync, (1, 2, args.steps))
+  if profile_dir:  # the trace, and the HLO that names its ops
+    os.makedirs(profile_dir, exist_ok=True)
+    with open(os.path.join(profile_dir, "step.hlo.txt"), "w") as f:
+      f.write(fns.train_step.lower(state[0], batch_arr, votes).compile()
+              .as_text())
+    with jax.profiler.trace(profile_dir):
+      time_steps(step, sync, (3,))
+  r = _rate(args, batch, compile_s, wall,
+            peak_flops(jax.devices()[0].device_kind))
+  r["img_per_s_per_device"] = r.pop("img_per_s")
+  return dict(r, batch_per_device=batch, attention=attention, scan=scan,
+              devices=n_dev)
+
+
+def _logits(model, variables, x, dev, precision=None):
+  """Our model's logits on ``dev`` at the matmul ``precision``."""
+  import jax  # pylint: disable=import-outside-toplevel
+  import numpy as np  # pylint: disable=import-outside-toplevel
+  with jax.default_matmul_precision(precision):
+    fn = jax.jit(lambda v, x: model.apply(v, x, train=False))
+    return np.asarray(fn(jax.device_put(variables, dev),
+                         jax.device_put(x, dev)), np.float64)
 
 
 def logits_vs_cpu(args) -> dict:
@@ -156,26 +165,17 @@ def logits_vs_cpu(args) -> dict:
   the highest matmul precision, on a randomly initialised model."""
   import jax  # pylint: disable=import-outside-toplevel
   import numpy as np  # pylint: disable=import-outside-toplevel
+  from bench import steps  # pylint: disable=import-outside-toplevel
   from vit_jax import models  # pylint: disable=import-outside-toplevel
   model = models.get_model(args.model, num_classes=1000)
   x = np.random.RandomState(1).normal(
       size=(4, args.image_size, args.image_size, 3)).astype(np.float32)
-  cpu = jax.devices("cpu")[0]
-  accel = jax.devices()[0]
-  with jax.default_matmul_precision("highest"), jax.default_device(cpu):
-    # Every parameter matters: perturb them (the zero head would make
-    # the logits trivially equal).
-    r = np.random.RandomState(2)
-    variables = jax.tree_util.tree_map(
-        lambda v: np.asarray(v) + 0.02 * r.normal(size=v.shape).astype(
-            v.dtype), models.init_params(model, args.image_size))
-    out = {}
-    for name, dev in (("cpu", cpu), ("accelerator", accel)):
-      v = jax.device_put(variables, dev)
-      fn = jax.jit(lambda v, x: model.apply(v, x, train=False))
-      out[name] = np.asarray(fn(v, jax.device_put(x, dev)), np.float64)
-  rel = float(np.max(np.abs(out["accelerator"] - out["cpu"])) /
-              np.max(np.abs(out["cpu"])))
+  cpu, accel = jax.devices("cpu")[0], jax.devices()[0]
+  # Every parameter perturbed: a zero head would make the logits equal.
+  with jax.default_device(cpu):
+    variables = steps.perturbed(models.init_params(model, args.image_size), 2)
+  a, c = (_logits(model, variables, x, d, "highest") for d in (accel, cpu))
+  rel = float(np.max(np.abs(a - c)) / np.max(np.abs(c)))
   return {"rel_max_diff": rel, "same_device": accel.platform == "cpu",
           "accelerator": accel.device_kind, "cpu": cpu.device_kind}
 
@@ -220,17 +220,12 @@ def timm_parity(args) -> dict:
     if torch.cuda.is_available():
       out[f"timm float32, {torch.cuda.get_device_name()} (torch defaults)"] = (
           m.to("cuda")(x_t.to("cuda")).cpu().numpy())
-
-  def ours(dev, precision):
-    v = jax.device_put(variables, dev)
-    with jax.default_matmul_precision(precision):
-      fn = jax.jit(lambda v, x: model.apply(v, x, train=False))
-      return np.asarray(fn(v, jax.device_put(x, dev)))
   cpu, accel = jax.devices("cpu")[0], jax.devices()[0]
-  out[f"ours float32, {cpu.device_kind} (CPU)"] = ours(cpu, None)
+  out[f"ours float32, {cpu.device_kind} (CPU)"] = _logits(model, variables, x,
+                                                          cpu)
   for p in ((None, "highest") if accel.platform != "cpu" else ()):
     out[f"ours float32, {accel.device_kind}, {p or 'default'} precision"] = (
-        ours(accel, p))
+        _logits(model, variables, x, accel, p))
   scale = np.max(np.abs(ref))
   return {"timm": TIMM_NAMES[args.model], "depth": args.timm_depth or "all",
           "rel_max_diff": {k: float(np.max(np.abs(v - ref)) / scale)
@@ -245,8 +240,6 @@ def torch_step_rate(args, batch: int, compile_mode: str = "eager",
   ("default", "max-autotune", ...). With ``profile_dir``, then a
   ``torch.profiler`` trace of 3 more steps there (Chrome trace JSON)."""
   import torch  # pylint: disable=import-outside-toplevel
-  from bench import flops  # pylint: disable=import-outside-toplevel
-  from vit_jax import models  # pylint: disable=import-outside-toplevel
   dev = "cuda" if torch.cuda.is_available() else "cpu"
   sync = torch.cuda.synchronize if dev == "cuda" else (lambda: None)
   name = torch.cuda.get_device_name() if dev == "cuda" else "cpu"
@@ -263,32 +256,19 @@ def torch_step_rate(args, batch: int, compile_mode: str = "eager",
     loss.backward()
     opt.step()
     opt.zero_grad(set_to_none=True)
-  times = []
-  for n in (1, 2, args.steps):  # compile, warm up, time
-    t = time.perf_counter()
-    for _ in range(n):
-      step()
-    sync()
-    times.append(time.perf_counter() - t)
-  compile_s, wall = times[0], times[-1]
+  compile_s, _, wall = time_steps(step, sync, (1, 2, args.steps))
   if profile_dir:
     os.makedirs(profile_dir, exist_ok=True)
     acts = [torch.profiler.ProfilerActivity.CPU] + (
         [torch.profiler.ProfilerActivity.CUDA] if dev == "cuda" else [])
     with torch.profiler.profile(activities=acts) as prof:
-      for _ in range(3):
-        step()
-      sync()
+      time_steps(step, sync, (3,))
     prof.export_chrome_trace(os.path.join(
         profile_dir, f"torch_{compile_mode}.trace.json"))
-  per_dev = args.steps * batch / wall
-  f_img = flops.step_flops(models.decode_variant(args.model), args.image_size,
-                           "train", 1000)
-  peak = peak_flops(name) if dev == "cuda" else None
-  return {"batch": batch, "img_per_s": per_dev, "step_s": wall / args.steps,
-          "compile_mode": compile_mode, "compile_s": compile_s,
-          "device": name, "torch": torch.__version__,
-          "mfu": None if peak is None else per_dev * f_img / peak}
+  return dict(_rate(args, batch, compile_s, wall,
+                    peak_flops(name) if dev == "cuda" else None),
+              batch=batch, compile_mode=compile_mode, device=name,
+              torch=torch.__version__)
 
 
 def has(*modules) -> bool:
@@ -311,18 +291,13 @@ def end_to_end(args, folder: str, first: dict) -> dict:
   cmd = [sys.executable, os.path.join(REPO, "train.py"),
          f"--config={REPO}/configs/b16.py:scratch", f"--workdir={work}"] + [
              f"--config.{k}={v}" for k, v in dict(
-                 dataset=data, model_name=args.model,
-                 image_size=args.image_size, batch_size=batch,
+                 workload(args, first["attention"], first["scan"]),
+                 dataset=data, model_name=args.model, batch_size=batch,
                  eval_batch_size=batch, total_steps=steps,
                  log_every=max(1, steps // 3), eval_every=10 * steps,
                  checkpoint_every=10 * steps, warmup_steps=1,
                  write_plots=False, tensorboard=False,
-                 async_checkpointing=False, **{
-                     "model.dtype": args.dtype, "model.drop_path_rate": 0.0,
-                     "model.scan_layers": bool(first["scan"]),
-                     "pp.mixup_alpha": 0.0, "pp.randaugment_layers": 0},
-                 **({"model.attention_impl": first["attention"]}
-                    if first["attention"] is not None else {})).items()]
+                 async_checkpointing=False).items()]
   try:
     t = time.perf_counter()
     p = subprocess.run(cmd, capture_output=True, text=True, cwd=REPO,
@@ -341,12 +316,28 @@ def end_to_end(args, folder: str, first: dict) -> dict:
           "data": args.e2e_data, "logged_rates": rates}
 
 
+def _attempt(label: str, fn, **fail):
+  """``fn()``, or ``fail`` with the error it raised, printed after
+  ``label`` (one setting that fails does not end the run)."""
+  try:
+    return fn()
+  except Exception as e:  # pylint: disable=broad-except
+    fail["error"] = f"{type(e).__name__}: {str(e)[:300]}"
+    print(f"{label}  failed: {fail['error']}", flush=True)
+    return fail
+
+
+def _mfu(r) -> str:
+  return "unknown" if r["mfu"] is None else f"{100 * r['mfu']:.1f}%"
+
+
 def main(argv=None):
   console.quiet_native_logs()
   p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
   p.add_argument("--model", help="default vit_b_16 (vit_ti_16 on CPU)")
-  p.add_argument("--image-size", type=int)
   p.add_argument("--dtype", default="bfloat16")
+  p.add_argument("--remat", default="", help="the blocks' remat_policy "
+                 "(full, dots, ...; default none)")
   p.add_argument("--batch", type=int, nargs="+",
                  help="per device; default 256 512 (4 8 on CPU)")
   p.add_argument("--attention", nargs="+",
@@ -354,11 +345,11 @@ def main(argv=None):
                       "on CPU); 'auto' = the backend's choice")
   p.add_argument("--scan", nargs="+", choices=("on", "off"),
                  default=["off", "on"])
-  for flag, what in (("--steps", "timed steps per setting"),
-                    ("--e2e-steps", "train.py's steps in part 3"),
-                    ("--images", "JPEGs generated"),
-                    ("--timm-depth", "blocks of timm's model in part 5 (0: "
-                     "all; default all, 2 on CPU)")):
+  for flag, what in (("--image-size", None), ("--images", "JPEGs generated"),
+                     ("--steps", "timed steps per setting"),
+                     ("--e2e-steps", "train.py's steps in part 3"),
+                     ("--timm-depth", "blocks of timm's model in part 5 (0: "
+                      "all; default all, 2 on CPU)")):
     p.add_argument(flag, type=int, help=what)
   p.add_argument("--e2e-data", choices=("synthetic", "folder"),
                  default="synthetic", help="part 3: batches made on the "
@@ -373,10 +364,12 @@ def main(argv=None):
   p.add_argument("--profile", metavar="DIR",
                  help="also trace 3 steps of the first setting of 1. "
                       "(jax.profiler) and of each torch step of 6. "
-                      "(torch.profiler) into DIR; read with bench/profile.py")
+                      "(torch.profiler) into DIR; read with bench/ops.py "
+                      "--trace")
   p.add_argument("--json", help="also write the results here")
   args = p.parse_args(argv)
-  if "timm" not in args.skip or "torch" not in args.skip:
+  skip = set(args.skip)
+  if not {"timm", "torch"} <= skip:
     # torch (timm loads torchvision) before TensorFlow (part 2): the other
     # order crashes the process on this stack.
     try:
@@ -387,14 +380,11 @@ def main(argv=None):
 
   import jax  # pylint: disable=import-outside-toplevel
 
-  from bench import input_pipeline as ip_bench  # pylint: disable=import-outside-toplevel
-  from bench import machine  # pylint: disable=import-outside-toplevel
+  from bench import input_pipeline as ip_bench, machine  # pylint: disable=import-outside-toplevel
   backend = jax.default_backend()
-  defaults = CPU_DEFAULTS if backend == "cpu" else ACCEL_DEFAULTS
-  for k, v in defaults.items():
+  for k, v in DEFAULTS.items():
     if getattr(args, k) is None:
-      setattr(args, k, v)
-  attention = [None if a == "auto" else a for a in args.attention]
+      setattr(args, k, v[backend == "cpu"])
   dev = jax.devices()[0]
   res = {"backend": backend, "device": dev.device_kind,
          "devices": jax.local_device_count(),
@@ -408,46 +398,43 @@ def main(argv=None):
     print("This is a CPU: the numbers below measure this CPU at tiny sizes "
           "(unless given), not an accelerator; MFU is unknown.")
 
-  steps = []
-  if "step" not in args.skip:
+  steps = res["train_step"] = []
+  if "step" not in skip:
     print(f"\n1. train step ({args.model}, {args.image_size}px, {args.dtype}, "
           f"the config's AdamW; per device)")
     print(f"{'batch':>6s} {'attention':>9s} {'scan':>5s} {'img/s/dev':>10s} "
           f"{'step ms':>8s} {'MFU':>6s} {'compile s':>9s}")
-    for b, a, s in ((b, a, s) for b in args.batch for a in attention
+    for b, a, s in ((b, None if a == "auto" else a, s == "on")
+                    for b in args.batch for a in args.attention
                     for s in args.scan):
-      try:
-        r = step_rate(args, batch=b, attention=a, scan=s == "on",
-                      profile_dir=(os.path.join(args.profile, "jax")
-                                   if args.profile and not steps else None))
-        mfu = "unknown" if r["mfu"] is None else f"{100 * r['mfu']:.1f}%"
-        print(f"{b:6d} {str(a):>9s} {s:>5s} {r['img_per_s_per_device']:10.1f}"
-              f" {1e3 * r['step_s']:8.1f} {mfu:>6s} {r['compile_s']:9.1f}",
+      label = f"{b:6d} {str(a):>9s} {'on' if s else 'off':>5s}"
+      r = _attempt(label, lambda: step_rate(  # pylint: disable=cell-var-from-loop
+          args, batch=b, attention=a, scan=s, profile_dir=os.path.join(
+              args.profile, "jax") if args.profile and not steps else None),
+                   batch_per_device=b, attention=a, scan=s)
+      if "error" not in r:
+        print(f"{label} {r['img_per_s_per_device']:10.1f} "
+              f"{1e3 * r['step_s']:8.1f} {_mfu(r):>6s} {r['compile_s']:9.1f}",
               flush=True)
-      except Exception as e:  # pylint: disable=broad-except
-        r = {"batch_per_device": b, "attention": a, "scan": s == "on",
-             "error": f"{type(e).__name__}: {str(e)[:300]}"}
-        print(f"{b:6d} {str(a):>9s} {s:>5s}  failed: {r['error']}")
       steps.append(r)
   ok = [r for r in steps if "error" not in r]
   if ok:
     best = res["best_step"] = max(ok, key=lambda r: r["img_per_s_per_device"])
     if backend != "cpu" and (args.model, args.dtype) == ("vit_b_16",
                                                           "bfloat16"):
+      met = best["img_per_s_per_device"] >= TARGET_IMG_S
       print(f"Best {best['img_per_s_per_device']:.0f} img/s per device; "
             f"target >= {TARGET_IMG_S:.0f} on one H100/H200: "
-            f"{'met' if best['img_per_s_per_device'] >= TARGET_IMG_S else 'NOT met'}.")
-  res["train_step"] = steps
+            f"{'met' if met else 'NOT met'}.")
 
   folder = tempfile.mkdtemp(prefix="vit_jax_accel_jpegs_")
-  tf = has_tensorflow()
+  tf, e2e = has_tensorflow(), "e2e" not in skip
   try:
-    pipeline = "pipeline" not in args.skip
-    if not tf and pipeline:
+    if not tf and "pipeline" not in skip:
       print("\n2. input pipeline alone: not run (no TensorFlow here)")
-    if tf and (pipeline or args.e2e_data == "folder"):
+    if tf and ("pipeline" not in skip or args.e2e_data == "folder"):
       ip_bench.write_jpegs(folder, args.images, *args.jpeg_size)
-    if tf and pipeline:
+    if tf and "pipeline" not in skip:
       cores = len(os.sched_getaffinity(0))
       cfg = ip_bench.pipeline_config(folder, image_size=args.image_size)
       r = ip_bench.measure(cfg, cores=cores, batch=max(args.batch),
@@ -458,10 +445,10 @@ def main(argv=None):
             f"{args.jpeg_size[1]} JPEGs -> {args.image_size}px, Inception crop "
             f"+ flip, uint8): {r['img_per_s']:.0f} img/s on {cores} host "
             f"cores ({r['img_per_s'] / cores:.0f} img/s/core)")
-    if "e2e" not in args.skip and args.e2e_data == "folder" and not tf:
+    if e2e and args.e2e_data == "folder" and not tf:
       print("\n3. train.py end to end on the JPEG folder: not run (no "
             "TensorFlow here; --e2e-data synthetic needs none)")
-    elif "e2e" not in args.skip and ok:
+    elif e2e and ok:
       first = ok[0]
       r = res["end_to_end"] = end_to_end(args, folder, first)
       if "error" in r:
@@ -476,33 +463,31 @@ def main(argv=None):
   finally:
     shutil.rmtree(folder, ignore_errors=True)
 
-  if "logits" not in args.skip:
-    r = logits_vs_cpu(args)
-    res["logits"] = r
+  if "logits" not in skip:
+    r = res["logits"] = logits_vs_cpu(args)
     what = ("the same CPU twice (no accelerator here: not a comparison)"
             if r["same_device"] else f"{r['accelerator']} vs {r['cpu']}")
     print(f"\n4. float32 logits at highest matmul precision, {what}: "
           f"relative max difference {r['rel_max_diff']:.2e} (target <= "
           f"{TARGET_LOGITS_REL:.0e})")
-  if "timm" not in args.skip and not has("timm", "torch"):
+  if "timm" not in skip and not has("timm", "torch"):
     print("\n5. against timm: not run (no timm and torch here)")
-  elif "timm" not in args.skip:
-    r = timm_parity(args)
-    res["timm_parity"] = r
+  elif "timm" not in skip:
+    r = res["timm_parity"] = timm_parity(args)
     print(f"\n5. {r['timm']} ({r['depth']} blocks, random perturbed "
           f"weights): float32 logits against timm's in float64 on the CPU, "
           f"relative max difference")
     for k, v in r["rel_max_diff"].items():
       print(f"   {v:9.2e}  {k}")
-  if "torch" not in args.skip and "step" not in args.skip:
+  if not {"torch", "step"} & skip:
     if not (has("timm", "torch") and __import__("torch").cuda.is_available()):
       print("\n6. torch's train step: not run (no torch with CUDA and timm "
             "here)")
     elif ok:
+      import torch  # pylint: disable=import-outside-toplevel
       b = ok[0]["batch_per_device"]
       ours = max(x["img_per_s_per_device"] for x in ok
                  if x["batch_per_device"] == b)
-      import torch  # pylint: disable=import-outside-toplevel
       print(f"\n6. torch {torch.__version__} train step "
             f"({TIMM_NAMES[args.model]}, batch {b}, bfloat16 autocast, fused "
             f"AdamW) on {torch.cuda.get_device_name()}; ours at batch {b}: "
@@ -511,16 +496,11 @@ def main(argv=None):
             f"{'compile s':>9s} {'ours/torch':>10s}")
       res["torch_step"] = []
       for mode in args.torch_compile:
-        try:
-          r = torch_step_rate(args, b, mode, profile_dir=args.profile)
-        except Exception as e:  # pylint: disable=broad-except
-          r = {"compile_mode": mode, "error": f"{type(e).__name__}: "
-               f"{str(e)[:300]}"}
-          print(f"{mode:>22s}  failed: {r['error']}", flush=True)
-        else:
-          mfu = "unknown" if r["mfu"] is None else f"{100 * r['mfu']:.1f}%"
+        r = _attempt(f"{mode:>22s}", lambda: torch_step_rate(  # pylint: disable=cell-var-from-loop
+            args, b, mode, profile_dir=args.profile), compile_mode=mode)
+        if "error" not in r:
           print(f"{mode:>22s} {r['img_per_s']:8.1f} {1e3 * r['step_s']:8.1f}"
-                f" {mfu:>6s} {r['compile_s']:9.1f} "
+                f" {_mfu(r):>6s} {r['compile_s']:9.1f} "
                 f"{ours / r['img_per_s']:9.2f}x", flush=True)
         res["torch_step"].append(r)
   if args.json:

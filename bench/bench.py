@@ -8,16 +8,12 @@
     python bench/bench.py --model vit_b_16 --batch 4 --image-size 224 384 512
 
 ``--model``: our variant (the peer: torchvision's model) or a timm name
-(timm's model; ours loads its weights with ``formats.from_timm``). Peers
-(``--peer``, repeatable): ``torch`` (eager; the default), ``torch.compile``,
-``stablehlo`` / ``savedmodel`` / ``onnxruntime`` (our model exported by
-``python -m vit_jax.export``, run by jax.export / TensorFlow / onnxruntime;
-inference, float32), ``none``. Every side gets the same weights and inputs.
-infer: ``jit(model.apply)`` vs ``model.eval()`` under inference_mode; train:
-forward + cross-entropy + backward + AdamW, one jitted step (state donated)
-vs torch eager; bfloat16: JAX in bf16 with float32 parameters, torch under
-``torch.autocast``. Several values of ``--model``, ``--batch`` or
-``--image-size`` make a sweep: one comparison per point, then one table.
+(timm's model; ours loads its weights with ``formats.from_timm``); the
+peers (``--peer``) in bench/README.md. Every side gets the same weights and
+inputs. train: forward + cross-entropy + backward + AdamW, one jitted step
+(state donated) vs torch eager; bfloat16: JAX in bf16 with float32
+parameters, torch under ``torch.autocast``. Several values of ``--model``,
+``--batch`` or ``--image-size`` make a sweep, then one table of them all.
 """
 
 from __future__ import annotations
@@ -30,9 +26,7 @@ import sys
 if __package__ in (None, ""):  # `python bench/bench.py`
   sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from bench import flops as flops_lib  # noqa: E402
-from bench import harness  # noqa: E402
-from bench import machine  # noqa: E402
+from bench import harness, machine  # noqa: E402
 from vit_jax.data import console  # noqa: E402
 
 RUNTIMES = ("stablehlo", "savedmodel", "onnxruntime")
@@ -61,36 +55,15 @@ def add_run_args(p: argparse.ArgumentParser, rounds=5, round_s=4.0,
   p.add_argument("--quiet-load", type=float, default=0.3,
                  help="repeat a turn while others used more cores than this")
   p.add_argument("--max-retries", type=int, default=retries)
-  p.add_argument("--cpus", type=lambda v: [int(c) for c in v.split(",")],
-                 metavar="0,1", help="pin every side to these CPUs")
   p.add_argument("--wait-quiet", type=float, default=0.0, metavar="SECONDS",
                  help="first wait up to this long for --quiet-load")
   p.add_argument("--warmup", type=int, default=2,
                  help="untimed steps after the first (compiling) one")
   p.add_argument("--jax-opt", action="append", metavar="FIELD=VALUE",
                  help="model override of the JAX side (repeatable)")
-  machine.add_gemm_args(p)
-  machine.add_isa_arg(p)
+  machine.add_args(p)
   p.add_argument("--json", action="store_true",
                  help="print JSON (the table goes to stderr)")
-
-
-def build_parser() -> argparse.ArgumentParser:
-  p = argparse.ArgumentParser(
-      description=__doc__.split("\n\n")[0],
-      formatter_class=argparse.RawDescriptionHelpFormatter)
-  p.add_argument("--model", nargs="+", default=["vit_b_16"],
-                 help="our variants (vit_ti_16, vit_b_16, ...) or timm names")
-  p.add_argument("--batch", type=int, nargs="+", default=[8])
-  p.add_argument("--image-size", type=int, nargs="+", default=[224])
-  p.add_argument("--layers", type=int, default=0,
-                 help="blocks of every side's model (default: the model's)")
-  p.add_argument("--peer", action="append", choices=PEERS,
-                 help="repeatable; default torch")
-  p.add_argument("--torch-compile", action="store_true",
-                 help="add the peer torch.compile")
-  add_run_args(p)
-  return p
 
 
 def is_timm(name: str) -> bool:
@@ -125,10 +98,12 @@ def _fmt(v, spec: str) -> str:
   return "-" if v is None else spec.format(v)
 
 
-def rows(res, gflop=None, best=None) -> list:
-  """The lines of a run's table (bench.py, ab.py): one per contestant, and
-  what the columns mean."""
-  ref, batch = res["reference"], res["workload"]["batch"]
+def rows(res, gflop=None, gemms=None) -> list:
+  """The lines of a run's table (bench.py, ab.py): one per contestant, what
+  the columns mean, and the GEMM rates (the roofline of ``% GEMM``)."""
+  ref, (batch, dtype) = res["reference"], (res["workload"]["batch"],
+                                           res["workload"]["dtype"])
+  best = machine.roofline(gemms, dtype)
   out = [f"{'':15s} {'img/s':>8s} {'min-max':>15s} {'ms/step':>8s} "
          f"{'GFLOP/s':>8s} {'% GEMM':>6s} {'vs ' + ref:>20s} "
          f"{'cpu ratio':>9s} {'compile':>7s} {'cpu use':>7s} {'others':>6s} "
@@ -149,7 +124,8 @@ def rows(res, gflop=None, best=None) -> list:
       f"vs {ref}: median of per-round paired img/s ratios; cpu ratio: "
       f"{ref}'s CPU-seconds per image over this one's (a load-robust "
       f"cross-check); cpu use in cores (well under "
-      f"{res['cpu_count']}: starved); others: cores other processes used"]
+      f"{res['cpu_count']}: starved); others: cores other processes used"
+  ] + (["", machine.format_gemms(gemms, dtype)] if gemms else [])
 
 
 def summarise(res, w: harness.Workload, gemms=None) -> dict:
@@ -157,7 +133,7 @@ def summarise(res, w: harness.Workload, gemms=None) -> dict:
   c = res["contestants"]
   rec = {"model": w.name, "mode": w.mode, "dtype": w.dtype, "batch": w.batch,
          "image_size": w.image_size}
-  fb = None if w.timm else flops_lib.vit_forward_flops(
+  fb = None if w.timm else machine.vit_forward_flops(
       image_size=w.image_size, **vars(w.variant()))
   rec.update(gflop_per_image=fb and fb.total * (3 if w.mode == "train" else 1)
              / 1e9, tokens=fb and fb.tokens,
@@ -200,14 +176,12 @@ def format_table(rec: dict) -> str:
             f"alternating rounds, load avg {res['load_avg_1m']:.1f}" + (
                 f"  |  {gflop:.2f} GFLOP/image (analytic"
                 f"{', train = 3x forward' if w['mode'] == 'train' else ''})"
-                if gflop else ""), ""]
-  lines += rows(res, gflop, machine.roofline(rec.get("gemms"), w["dtype"]))
+                if gflop else "")]
   if "ratio" in rec:
     lines.append(f"ratio jax/{rec['peer']} = {rec['ratio']:.2f}x [min "
                  f"{rec['ratio_min']:.2f}x, max {rec['ratio_max']:.2f}x]; "
                  f"CPU-time ratio {rec['cpu_time_ratio']:.2f}x")
-  if rec.get("gemms"):
-    lines += ["", machine.format_gemms(rec["gemms"], w["dtype"])]
+  lines += [""] + rows(res, gflop, rec.get("gemms"))
   for lab, c in res["contestants"].items():
     lines.append(f"{lab}: " + ", ".join(f"{k} {c['info'][k]}" for k in (
         "jax", "xla_flags", "torch", "threads", "tensorflow", "onnxruntime",
@@ -241,7 +215,21 @@ def format_sweep(recs) -> str:
 
 def main(argv=None):
   console.quiet_native_logs()
-  args = build_parser().parse_args(argv)
+  p = argparse.ArgumentParser(
+      description=__doc__.split("\n\n")[0],
+      formatter_class=argparse.RawDescriptionHelpFormatter)
+  p.add_argument("--model", nargs="+", default=["vit_b_16"],
+                 help="our variants (vit_ti_16, vit_b_16, ...) or timm names")
+  p.add_argument("--batch", type=int, nargs="+", default=[8])
+  p.add_argument("--image-size", type=int, nargs="+", default=[224])
+  p.add_argument("--layers", type=int, default=0,
+                 help="blocks of every side's model (default: the model's)")
+  p.add_argument("--peer", action="append", choices=PEERS,
+                 help="repeatable; default torch")
+  p.add_argument("--torch-compile", action="store_true",
+                 help="add the peer torch.compile")
+  add_run_args(p)
+  args = p.parse_args(argv)
   isa_line = machine.set_isa(args.isa)
   points = [(m, s, b) for m in args.model for s in args.image_size
             for b in args.batch]
@@ -253,16 +241,11 @@ def main(argv=None):
                          image_size=s, warmup=args.warmup, timm=is_timm(m),
                          layers=args.layers)
     harness.log(f"== {m} batch {b} {s}px")
-    res = harness.run(w, contestants(args, w.timm), rounds=args.rounds,
-                      round_s=args.round_seconds, quiet_load=args.quiet_load,
-                      max_retries=args.max_retries, reference="jax",
-                      wait_quiet_s=args.wait_quiet, cpus=args.cpus)
+    res = harness.run(w, contestants(args, w.timm), args, reference="jax")
     res["machine"] = info
     rec = dict(summarise(res, w, gemms), isa=args.isa, isa_line=isa_line)
     recs.append(rec)
-    print(format_table(rec), file=sys.stderr if args.json else sys.stdout)
-    if args.json:
-      print(json.dumps(rec))
+    harness.emit(format_table(rec), rec, args.json)
   if len(recs) > 1:
     print("\n" + format_sweep(recs), file=sys.stderr if args.json else
           sys.stdout)

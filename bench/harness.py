@@ -3,7 +3,7 @@
 Each contestant (JAX with some options, torch, an exported artifact in its
 runtime) lives in its own child process (:mod:`bench.worker`): torch's and
 XLA's thread pools in one process slow each other down. Every round runs
-each for about ``round_s`` seconds, the order reversed every round (A B,
+each for about ``--round-seconds``, the order reversed every round (A B,
 B A, ...); a ratio is the median of per-round *paired* ratios. Also: the
 machine's load (``/proc/stat``) and :func:`call` (a one-shot child).
 """
@@ -71,9 +71,15 @@ def log(msg: str):
   print(msg, file=sys.stderr, flush=True)
 
 
+def emit(text: str, record, as_json: bool):
+  """A tool's table, and with ``as_json`` its JSON ``record`` on stdout
+  (the table then on stderr)."""
+  print(text, file=sys.stderr if as_json else sys.stdout)
+  if as_json:
+    print(json.dumps(record))
+
+
 # The machine's load.
-
-
 def busy_cpu_seconds(steal: bool = False) -> float:
   """CPU-seconds the whole machine spent busy so far (/proc/stat), or
   (``steal``) that the hypervisor gave to other guests; nan without it."""
@@ -99,19 +105,16 @@ def wait_for_quiet(max_wait_s: float, quiet_load: float,
 
 
 # Child processes.
-
-
 def child_env(framework: str, env: Optional[Dict[str, str]] = None,
               xla_flags: str = "") -> Dict[str, str]:
   """A child's environment, each side as its users run it: JAX with
   train.py's malloc settings (vit_jax/train/host_memory.py), every other
   runtime with glibc's defaults (torch under the JAX settings ran its
   ViT-Ti/16 bfloat16 train step at 0.66x its own speed, Zen 5)."""
-  out = dict(os.environ)
-  out.update(env or {})
-  if framework in JAX_RUNTIMES and host_memory.wanted(out):
-    out.update(host_memory.MALLOC_ENV)
+  out = dict(os.environ, **(env or {}))
   if framework in JAX_RUNTIMES:
+    if host_memory.wanted(out):
+      out.update(host_memory.MALLOC_ENV)
     flags = " ".join(f for f in (out.get("XLA_FLAGS", ""), xla_flags) if f)
     if flags:
       out["XLA_FLAGS"] = flags
@@ -121,16 +124,11 @@ def child_env(framework: str, env: Optional[Dict[str, str]] = None,
   return out
 
 
-def _affinity(cpus):  # both frameworks size their pools from the mask
-  return (lambda: os.sched_setaffinity(0, cpus)) if cpus else None
-
-
 def call(kind: str, spec: Dict[str, Any], framework: str = "jax",
-         env: Optional[Dict[str, str]] = None,
-         cpus: Optional[List[int]] = None) -> Dict[str, Any]:
+         env: Optional[Dict[str, str]] = None) -> Dict[str, Any]:
   """``bench.worker``'s one-shot ``kind`` on ``spec`` in a child (its
   stderr passes through): its JSON result."""
-  w = Worker(Contestant(kind, framework, env=env or {}), spec, cpus, kind)
+  w = Worker(Contestant(kind, framework, env=env or {}), spec, kind)
   try:
     return w.recv()
   finally:
@@ -143,15 +141,14 @@ class Worker:
   its framework) or a one-shot ``kind``."""
 
   def __init__(self, contestant: Contestant, spec: Dict[str, Any],
-               cpus: Optional[List[int]] = None, kind: Optional[str] = None):
+               kind: Optional[str] = None):
     self.c = contestant
     self.proc = subprocess.Popen(
         [sys.executable, "-m", "bench.worker", kind or contestant.framework,
          json.dumps(dict(spec, **contestant.options))],
         stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, cwd=REPO,
         env=child_env(contestant.framework, contestant.env,
-                      contestant.xla_flags),
-        preexec_fn=_affinity(cpus))
+                      contestant.xla_flags))
     self.ready: Optional[Dict[str, Any]] = None
 
   def recv(self) -> Dict[str, Any]:
@@ -164,20 +161,18 @@ class Worker:
                          "is above)")
     return json.loads(line)
 
-  def wait_ready(self) -> Dict[str, Any]:
-    self.ready = self.recv()
-    return self.ready
+  def send(self, **msg):
+    self.proc.stdin.write(json.dumps(msg) + "\n")
+    self.proc.stdin.flush()
 
   def run(self, iters: int) -> Dict[str, Any]:
-    self.proc.stdin.write(json.dumps({"cmd": "run", "iters": iters}) + "\n")
-    self.proc.stdin.flush()
+    self.send(cmd="run", iters=iters)
     return self.recv()
 
   def close(self):
     if self.proc.poll() is None:
       try:
-        self.proc.stdin.write(json.dumps({"cmd": "quit"}) + "\n")
-        self.proc.stdin.flush()
+        self.send(cmd="quit")
         self.proc.wait(timeout=30)
       except (BrokenPipeError, subprocess.TimeoutExpired):
         self.proc.kill()
@@ -236,17 +231,17 @@ def _round_log(label: str, v: Dict[str, Any]) -> str:
           + (", after a heap trim" if v["trimmed_before"] else "") + ")")
 
 
-def run(workload: Workload, contestants: List[Contestant], *, rounds: int = 5,
-        round_s: float = 4.0, pause_s: float = 0.3,
-        reference: Optional[str] = None, quiet_load: float = 0.3,
-        max_retries: int = 2, wait_quiet_s: float = 0.0,
-        cpus: Optional[List[int]] = None) -> Dict[str, Any]:
-  """Sets up every contestant (one at a time), then runs ``rounds``
-  alternating rounds; ``reference`` (default: the last) is the ratios'
+def run(workload: Workload, contestants: List[Contestant], args,
+        reference: Optional[str] = None, pause_s: float = 0.3
+        ) -> Dict[str, Any]:
+  """Sets up every contestant (one at a time), then runs ``args.rounds``
+  alternating rounds of about ``args.round_seconds`` per turn (bench.py's
+  ``add_run_args``); ``reference`` (default: the last) is the ratios'
   denominator and the logits' reference. A turn during which other
-  processes used more than ``quiet_load`` cores is repeated (at most
-  ``max_retries`` times; the quietest kept), after waiting up to
-  ``wait_quiet_s`` for quiet; ``cpus`` pins every child to those CPUs."""
+  processes used more than ``--quiet-load`` cores is repeated (at most
+  ``--max-retries`` times; the quietest kept), after waiting up to
+  ``--wait-quiet`` seconds for quiet."""
+  rounds, quiet_load = args.rounds, args.quiet_load
   reference = reference or contestants[-1].label
   spec = workload.spec()
   tmp = tempfile.mkdtemp(prefix="vit_bench_")
@@ -261,17 +256,16 @@ def run(workload: Workload, contestants: List[Contestant], *, rounds: int = 5,
       _make_weights_without_torch(workload, weights)
     for c in order:
       w = Worker(c, dict(spec, weights_out=weights) if c is order[0] and
-                 c.framework == "torch" else spec, cpus)
-      r = w.wait_ready()
+                 c.framework == "torch" else spec)
+      r = w.ready = w.recv()
       log(f"[setup] {c.label}: ready (setup {r['setup_s']:.1f}s" + (
           f", compile {r['compile_s']:.1f}s)" if r.get("compile_s") is not
           None else ")"))
       workers.append(w)
     workers.sort(key=lambda w: contestants.index(w.c))
-    iters = {}  # one step each gives the iterations per round
-    for w in workers:
-      t = w.run(1)["wall_s"]
-      iters[w.c.label] = max(1, int(round(round_s / max(t, 1e-6))))
+    # One step of each gives its steps per round.
+    iters = {w.c.label: max(1, round(args.round_seconds / max(
+        w.run(1)["wall_s"], 1e-6))) for w in workers}
     log("[calibrate] steps per round: " +
         ", ".join(f"{k} {v}" for k, v in iters.items()))
     per_round: List[Dict[str, Any]] = []
@@ -279,10 +273,10 @@ def run(workload: Workload, contestants: List[Contestant], *, rounds: int = 5,
       row = {}
       for w in (workers if r % 2 == 0 else workers[::-1]):
         tries = []
-        for _ in range(1 + max_retries):
+        for _ in range(1 + args.max_retries):
           time.sleep(pause_s)  # let the other pool's spinning threads park
-          if wait_quiet_s > 0:
-            wait_for_quiet(wait_quiet_s, quiet_load)
+          if args.wait_quiet > 0:
+            wait_for_quiet(args.wait_quiet, quiet_load)
           tries.append(_timed_turn(w, iters[w.c.label]))
           if tries[-1]["other_load"] + tries[-1]["steal"] <= quiet_load:
             break
@@ -296,11 +290,10 @@ def run(workload: Workload, contestants: List[Contestant], *, rounds: int = 5,
       w.close()
     shutil.rmtree(tmp, ignore_errors=True)  # the weights (350 MB for B/16)
 
-  out: Dict[str, Any] = {"workload": dataclasses.asdict(workload),
-                         "rounds": per_round, "reference": reference,
-                         "cpu_count": len(cpus) if cpus else os.cpu_count(),
-                         "cpus": cpus, "load_avg_1m": os.getloadavg()[0],
-                         "contestants": {}}
+  out: Dict[str, Any] = {
+      "workload": dataclasses.asdict(workload), "rounds": per_round,
+      "reference": reference, "cpu_count": os.cpu_count(),
+      "load_avg_1m": os.getloadavg()[0], "contestants": {}}
   ref_check = next(w.ready["check"] for w in workers
                    if w.c.label == reference)
   for w in workers:

@@ -2,20 +2,16 @@
 
     .venv/bin/python bench/input_pipeline.py --cores 1 2 --step-rate 2900
 
-Generated photo-like JPEGs (``--jpeg-size``, ImageNet's typical 500x375 by
-default) read through ``vit_jax.data.batches.train_dataset`` as ``train.py``
-does (tfds ImageFolder, shuffle, Inception crop with
-``decode_and_crop_jpeg``, flip, uint8 batches), with and without
-RandAugment, on ``--cores`` tf.data threads; nothing goes to a device. It
-prints img/s, the images per CPU-second of the process (robust to other
-processes starving it) and how many such cores an accelerator's step rate
-(``--step-rate``, e.g. 2,900 img/s for ViT-B/16 bf16 on one H100) needs.
+Generated photo-like JPEGs (``--jpeg-size``) through ``train.py``'s
+``vit_jax.data.batches.train_dataset`` (Inception crop, flip, uint8), with
+and without RandAugment, on ``--cores`` tf.data threads; nothing goes to a
+device. It prints img/s, images per CPU-second (robust to other processes
+starving it) and the cores a step rate (``--step-rate``) needs.
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import math
 import os
 import shutil
@@ -28,7 +24,7 @@ if __package__ in (None, ""):
 
 import numpy as np  # noqa: E402
 
-from bench import machine  # noqa: E402
+from bench import harness, machine  # noqa: E402
 from vit_jax.data import console  # noqa: E402
 
 
@@ -55,16 +51,12 @@ def write_jpegs(directory: str, n: int, height: int, width: int,
 
 
 def pipeline_config(folder: str, *, image_size: int = 224,
-                    randaugment: bool = False, seed: int = 0):
-  """configs/common.py's defaults on the folder, as the b16 recipes use
-  them (Inception crop + flip; RandAugment 2 x 9 like ``:scratch``)."""
+                    randaugment: bool = False):
+  """configs/common.py's defaults (Inception crop + flip, as the b16
+  recipes) on the folder; RandAugment 2 x 9 like ``:scratch``."""
   from configs import common  # pylint: disable=import-outside-toplevel
   c = common.get_config()
-  c.dataset = f"folder:{folder}"
-  c.image_size = image_size
-  c.seed = seed
-  c.pp.crop = "inception"
-  c.pp.flip = True
+  c.dataset, c.image_size = f"folder:{folder}", image_size
   c.pp.randaugment_layers = 2 if randaugment else 0
   c.pp.randaugment_magnitude = 9
   return c
@@ -76,8 +68,7 @@ def measure(config, *, cores: int, batch: int, batches: int,
   ``warmup`` untimed ones) on ``cores`` tf.data threads."""
   import tensorflow as tf  # pylint: disable=import-outside-toplevel
 
-  from vit_jax.data import batches as data_batches  # pylint: disable=import-outside-toplevel
-  from vit_jax.data import sources  # pylint: disable=import-outside-toplevel
+  from vit_jax.data import batches as data_batches, sources  # pylint: disable=import-outside-toplevel
   src = sources.get_source(config)
   ds = data_batches.train_dataset(config, src, local_batch=batch,
                                   start_step=0, process_index=0,
@@ -92,46 +83,37 @@ def measure(config, *, cores: int, batch: int, batches: int,
   t0, c0 = time.perf_counter(), time.process_time()
   for _ in range(batches):
     next(it)
-  wall = time.perf_counter() - t0
-  cpu = time.process_time() - c0
+  wall, cpu = time.perf_counter() - t0, time.process_time() - c0
   return {"img_per_s": batches * batch / wall, "seconds": wall,
           "cpu_use": cpu / wall, "images": batches * batch,
           "img_per_cpu_s": batches * batch / max(cpu, 1e-9)}
 
 
 def run(args) -> dict:
-  folder = args.folder or tempfile.mkdtemp(prefix="vit_jax_jpegs_")
-  made = not os.path.isdir(os.path.join(folder, "train"))
+  from vit_jax.data import transforms  # pylint: disable=import-outside-toplevel
+  margin = transforms._JPEG_CROP_MARGIN  # pylint: disable=protected-access
+  folder, rows = tempfile.mkdtemp(prefix="vit_jax_jpegs_"), []
   try:
-    if made:
-      write_jpegs(folder, args.images, *args.jpeg_size)
-    rows = []
-    from vit_jax.data import transforms  # pylint: disable=import-outside-toplevel
-    margin = transforms._JPEG_CROP_MARGIN  # pylint: disable=protected-access
+    write_jpegs(folder, args.images, *args.jpeg_size)
     for ra in args.randaugment:
       cfg = pipeline_config(folder, image_size=args.image_size,
                             randaugment=ra == "on")
       for cores in args.cores:
         for decode in args.decode:
-          print(f"[input_pipeline] randaugment {ra}, {cores} core(s), "
-                f"{decode} decode ...", file=sys.stderr, flush=True)
+          harness.log(f"[input_pipeline] randaugment {ra}, {cores} core(s), "
+                      f"{decode} decode ...")
           # 'full': a margin wider than any image makes the crop's decode
           # window the whole JPEG (the pipeline before decode_and_crop).
           transforms._JPEG_CROP_MARGIN = (  # pylint: disable=protected-access
               margin if decode == "crop" else 1 << 20)
-          try:
-            r = measure(cfg, cores=cores, batch=args.batch,
-                        batches=args.batches)
-          finally:
-            transforms._JPEG_CROP_MARGIN = margin  # pylint: disable=protected-access
+          r = measure(cfg, cores=cores, batch=args.batch, batches=args.batches)
           rows.append(dict(r, randaugment=ra, cores=cores, decode=decode))
   finally:
-    if made and not args.folder:
-      shutil.rmtree(folder, ignore_errors=True)
+    transforms._JPEG_CROP_MARGIN = margin  # pylint: disable=protected-access
+    shutil.rmtree(folder, ignore_errors=True)
   return {"cpu": machine.describe().replace("CPU: ", "", 1), "rows": rows,
-          "jpeg_size": args.jpeg_size,
-          "image_size": args.image_size, "batch": args.batch,
-          "step_rates": args.step_rate}
+          "jpeg_size": args.jpeg_size, "image_size": args.image_size,
+          "batch": args.batch, "step_rates": args.step_rate}
 
 
 def report(res) -> str:
@@ -179,13 +161,10 @@ def main(argv=None):
   p.add_argument("--batches", type=int, default=8, help="timed batches")
   p.add_argument("--step-rate", type=float, nargs="*", default=[2900.0],
                  help="accelerator img/s to size the host for")
-  p.add_argument("--folder", help="reuse (or keep) the JPEG folder here")
   p.add_argument("--json", action="store_true")
   args = p.parse_args(argv)
   res = run(args)
-  print(report(res))
-  if args.json:
-    print(json.dumps(res))
+  harness.emit(report(res), res, args.json)
   return res
 
 

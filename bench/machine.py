@@ -1,27 +1,26 @@
-"""The machine a benchmark runs on, and the fastest GEMM it does.
+"""The machine a benchmark runs on, its fastest GEMM, and a ViT's FLOPs.
 
     python bench/machine.py                        # this machine, 2048^3
     python bench/machine.py --model vit_ti_16 --batch 16 --json
 
 Every table starts with :func:`describe` (the CPU, and the ISA extensions
-that decide a ViT's speed on it); the throughput tables time in the same
-run each framework's GEMMs (:func:`measure_gemms`: a square GEMM and the
-model's own shapes; XLA float32 and bf16 x bf16 -> float32, torch float32
-(MKL) and bfloat16 (oneDNN)), each in its own child, the best of several
-repetitions. The best rate for a dtype is the roofline (:func:`roofline`).
+that decide a ViT's speed on it); the throughput tables time each
+framework's GEMMs in the same run (:func:`gemms_for`), the best rate for
+the workload's dtype their roofline (:func:`roofline`) for the model's
+analytic FLOPs (:func:`vit_forward_flops`).
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import importlib.util
-import json
 import os
 import platform
 import resource
 import sys
 import time
-from typing import Any, Dict, List, Optional, Sequence, Tuple
+from typing import Any, Dict, List, Optional, Tuple
 
 if __package__ in (None, ""):  # `python bench/machine.py`
   sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -40,12 +39,9 @@ GEMM_KINDS = {
     ("torch", "float32"): "torch float32 (MKL)",
     ("torch", "bfloat16"): "torch bfloat16 (oneDNN)",
 }
-SQUARE = (2048, 2048, 2048)
 
 
 # The CPU.
-
-
 def _uarch(vendor: str, family: Optional[int], model: Optional[int]):
   """A microarchitecture name for the CPUs this project meets, or None."""
   if vendor == "AuthenticAMD" and model is not None:
@@ -138,12 +134,6 @@ def set_isa(isa: str, info: Optional[Dict[str, Any]] = None) -> str:
           f"); {NOT_CAPPED}. {EMULATION_CAVEAT}")
 
 
-def add_isa_arg(p: argparse.ArgumentParser):
-  p.add_argument("--isa", choices=ISAS, default="native",
-                 help="avx2: an AVX2-only CPU emulated by the packages' "
-                      "documented switches only (the tables say so)")
-
-
 def describe(info: Optional[Dict[str, Any]] = None) -> str:
   """One line naming the CPU, e.g. ``CPU: AMD EPYC (family 26, model 2:
   Zen 5), 2 CPUs | AVX-512 yes, AVX512-BF16 yes, AVX512-VNNI yes, AMX no``."""
@@ -162,8 +152,6 @@ def describe(info: Optional[Dict[str, Any]] = None) -> str:
 
 
 # GEMM rates.
-
-
 def model_gemm_shapes(name: str, batch: int, image_size: int = 224
                       ) -> List[Tuple[int, int, int]]:
   """(M, K, N) of the model's token-wise GEMMs, M = batch * tokens: q/k/v/out
@@ -188,88 +176,87 @@ def _time_gemm(run, flop: float, seconds: float, repeats: int = 5) -> float:
     return flop / best / 1e9
   for _ in range(repeats):
     t0, n = time.perf_counter(), 0
-    while True:
+    while not n or time.perf_counter() - t0 < seconds / repeats:
       run()
       n += 1
-      if time.perf_counter() - t0 >= seconds / repeats:
-        break
     best = min(best, (time.perf_counter() - t0) / n)
   return flop / best / 1e9
 
 
-def _rates(fw, dt, shapes, seconds, make, run):
-  out = []
-  for m, k, n in shapes:
-    a, b = make(m, k, dt), make(k, n, dt)
-    out.append({"framework": fw, "dtype": dt, "shape": [m, k, n],
-                "gflops": _time_gemm(lambda: run(a, b), 2.0 * m * k * n,
-                                     seconds)})
-  return out
-
-
 def gemm_child(spec) -> Dict[str, Any]:
   """In a child (bench.worker's ``gemm``): one framework's GEMM rates."""
-  import numpy as np  # pylint: disable=import-outside-toplevel
-  shapes, rates = [tuple(s) for s in spec["shapes"]], []
-  rs = np.random.RandomState(0)
-  if spec["framework"] == "jax":
+  fw = spec["framework"]
+  if fw == "jax":
     import jax  # pylint: disable=import-outside-toplevel
     import jax.numpy as jnp  # pylint: disable=import-outside-toplevel
+    import numpy as np  # pylint: disable=import-outside-toplevel
+    rs, version = np.random.RandomState(0), jax.__version__
     f = jax.jit(lambda a, b: jnp.matmul(a, b,
                                         preferred_element_type=jnp.float32))
-    for dt in spec["dtypes"]:
-      rates += _rates("jax", dt, shapes, spec["seconds"],
-                      lambda m, k, dt: jnp.asarray(rs.standard_normal((m, k)),
-                                                   jnp.dtype(dt)),
-                      lambda a, b: f(a, b).block_until_ready())
-    return {"version": jax.__version__, "rates": rates}
-  import torch  # pylint: disable=import-outside-toplevel
-  g = torch.Generator().manual_seed(0)
-  with torch.inference_mode():
-    for dt in spec["dtypes"]:
-      rates += _rates("torch", dt, shapes, spec["seconds"],
-                      lambda m, k, dt: torch.randn(m, k, generator=g).to(
-                          getattr(torch, dt)), lambda a, b: a @ b)
-  return {"version": torch.__version__, "rates": rates}
+    make = lambda m, k, dt: jnp.asarray(rs.standard_normal((m, k)),  # noqa: E731
+                                        jnp.dtype(dt))
+    mul = lambda a, b: f(a, b).block_until_ready()  # noqa: E731
+  else:
+    import torch  # pylint: disable=import-outside-toplevel
+    g, version = torch.Generator().manual_seed(0), torch.__version__
+    make = lambda m, k, dt: torch.randn(m, k, generator=g).to(  # noqa: E731
+        getattr(torch, dt))
+    mul = torch.inference_mode()(lambda a, b: a @ b)
+  rates = []
+  for dt in spec["dtypes"]:
+    for m, k, n in spec["shapes"]:
+      a, b = make(m, k, dt), make(k, n, dt)
+      rates.append({"framework": fw, "dtype": dt, "shape": [m, k, n],
+                    "gflops": _time_gemm(lambda: mul(a, b),  # pylint: disable=cell-var-from-loop
+                                         2.0 * m * k * n, spec["seconds"])})
+  return {"version": version, "rates": rates}
 
 
-def measure_gemms(shapes: Sequence[Tuple[int, int, int]] = (SQUARE,),
-                  frameworks: Sequence[str] = ("jax", "torch"),
-                  dtypes: Sequence[str] = ("float32", "bfloat16"),
-                  seconds: float = 0.6, cpus: Optional[List[int]] = None,
-                  wait_quiet_s: float = 0.0,
-                  quiet_load: float = 0.3) -> Dict[str, Any]:
-  """``{"rates": [{framework, dtype, shape, gflops}, ...], "versions",
-  "other_load": {framework: cores others used}}`` on ``shapes`` (M, K, N),
-  each framework in its own child (after waiting up to ``wait_quiet_s``
-  for quiet)."""
-  shapes = [list(s) for s in dict.fromkeys(tuple(s) for s in shapes)]
-  rates, versions, other = [], {}, {}
-  for fw in frameworks:
-    if wait_quiet_s > 0:
-      harness.wait_for_quiet(wait_quiet_s, quiet_load)
-    busy0, t0 = harness.busy_cpu_seconds(), time.perf_counter()
-    child0 = _children_cpu_seconds()
-    res = harness.call("gemm", {"framework": fw, "shapes": shapes,
-                                "dtypes": list(dtypes), "seconds": seconds},
-                       fw, cpus=cpus)
-    wall = time.perf_counter() - t0
-    other[fw] = max(0.0, (harness.busy_cpu_seconds() - busy0 -
-                          (_children_cpu_seconds() - child0)) / wall)
-    rates += res["rates"]
-    versions[fw] = res["version"]
-  return {"rates": rates, "versions": versions, "seconds": seconds,
-          "other_load": other}
+# Analytic FLOPs of a ViT (one multiply-add = 2 FLOPs): only matmul-like
+# work (patch embedding, q/k/v/out projections, the two attention products,
+# the MLP, the head); LayerNorm, softmax, GELU and adds are a few percent and
+# left out, as is usual. A training step is 3x the forward pass (backward =
+# 2x forward); the optimizer is ignored.
+@dataclasses.dataclass(frozen=True)
+class FlopBreakdown:
+  """Forward FLOPs of one image, and of its attention products."""
+  tokens: int       # N (patches + class token)
+  total: float
+  attention: float  # QK^T and AV: 2 * N^2 * D each, quadratic in N
+
+  @property
+  def attention_fraction(self) -> float:
+    """Share of the quadratic (N^2) attention term in the forward FLOPs."""
+    return self.attention / self.total
 
 
-def _children_cpu_seconds() -> float:
-  r = resource.getrusage(resource.RUSAGE_CHILDREN)
-  return r.ru_utime + r.ru_stime
+def vit_forward_flops(*, hidden_size: int, num_layers: int, mlp_dim: int,
+                      patch_size: int, image_size: int, num_classes: int = 1000,
+                      channels: int = 3, class_token: bool = True,
+                      **unused) -> FlopBreakdown:
+  """Forward FLOPs of one ``image_size`` x ``image_size`` image."""
+  del unused
+  d, m, p, layers = hidden_size, mlp_dim, patch_size, num_layers
+  patches = (image_size // p) ** 2
+  n = patches + (1 if class_token else 0)
+  attention = layers * 2 * (2 * n * n * d)
+  return FlopBreakdown(n, float(
+      2 * patches * (p * p * channels) * d  # patch embedding
+      + layers * 2 * n * d * (4 * d)  # q/k/v/out projections: linear in N
+      + attention + layers * 2 * (2 * n * d * m)  # the MLP
+      + 2 * d * (num_classes or 0)), float(attention))  # the head
+
+
+def step_flops(variant, image_size: int, mode: str, num_classes: int = 1000):
+  """FLOPs per image of one ``mode`` ('infer' or 'train') step."""
+  fwd = vit_forward_flops(image_size=image_size, num_classes=num_classes,
+                          **dataclasses.asdict(variant)).total
+  return fwd * (3.0 if mode == "train" else 1.0)
 
 
 def roofline(gemms: Optional[Dict[str, Any]], dtype: str
              ) -> Optional[Dict[str, Any]]:
-  """The best GEMM of ``dtype`` in a :func:`measure_gemms` result:
+  """The best GEMM of ``dtype`` in a :func:`gemms_for` result:
   ``{"gflops", "kind", "shape"}`` (None without measurements)."""
   cands = [r for r in (gemms or {}).get("rates", []) if r["dtype"] == dtype]
   if not cands:
@@ -313,31 +300,53 @@ def percent_of(gflops: float, best: Optional[Dict[str, Any]]) -> str:
   return f"{100.0 * gflops / best['gflops']:.0f}%" if best else "-"
 
 
-def add_gemm_args(p: argparse.ArgumentParser):
-  """The roofline options of every throughput table (bench.py, ab.py)."""
+def add_args(p: argparse.ArgumentParser, gemm: bool = True):
+  """``--isa``, and (``gemm``) the roofline options of a throughput table."""
+  p.add_argument("--isa", choices=ISAS, default="native",
+                 help="avx2: an AVX2-only CPU emulated by the packages' "
+                      "documented switches only (the tables say so)")
+  if not gemm:
+    return
   p.add_argument("--gemm-seconds", type=float, default=0.6,
                  help="time per GEMM (framework, dtype, shape) timed")
-  p.add_argument("--gemm-square", type=int, default=SQUARE[0],
+  p.add_argument("--gemm-square", type=int, default=2048,
                  help="side of the square GEMM beside the model's shapes")
   p.add_argument("--no-gemm", action="store_true",
                  help="skip the GEMM rates (no roofline)")
 
 
 def gemms_for(args, points=(), dtypes=("float32", "bfloat16")):
-  """:func:`measure_gemms` of the square GEMM and each (variant, batch,
-  image size)'s shapes, in JAX and torch (if installed); None: --no-gemm."""
+  """The rates of the square GEMM and each (variant, batch, image size)'s
+  shapes (M, K, N) in JAX and torch (if installed), each framework in its
+  own child after waiting up to ``--wait-quiet`` for quiet: ``{"rates":
+  [{framework, dtype, shape, gflops}, ...], "versions", "other_load":
+  {framework: cores others used}}``; None with ``--no-gemm``."""
   if args.no_gemm:
     return None
   frameworks = ["jax"] + (["torch"] if importlib.util.find_spec("torch")
                           else [])
-  shapes = [(args.gemm_square,) * 3] + [
-      s for n, b, px in points for s in model_gemm_shapes(n, b, px)]
+  shapes = [list(s) for s in dict.fromkeys([(args.gemm_square,) * 3] + [
+      s for n, b, px in points for s in model_gemm_shapes(n, b, px)])]
   harness.log(f"[gemm] timing {len(shapes)} shapes x {frameworks} x "
               f"{'/'.join(dtypes)} ...")
-  return measure_gemms(shapes, frameworks, dtypes, seconds=args.gemm_seconds,
-                       cpus=getattr(args, "cpus", None),
-                       wait_quiet_s=getattr(args, "wait_quiet", 0.0),
-                       quiet_load=getattr(args, "quiet_load", 0.3))
+  children = lambda: sum(resource.getrusage(  # noqa: E731
+      resource.RUSAGE_CHILDREN)[:2])  # user + system CPU seconds
+  out = {"rates": [], "versions": {}, "seconds": args.gemm_seconds,
+         "other_load": {}}
+  for fw in frameworks:
+    if getattr(args, "wait_quiet", 0.0) > 0:
+      harness.wait_for_quiet(args.wait_quiet, args.quiet_load)
+    busy0, cpu0, t0 = (harness.busy_cpu_seconds(), children(),
+                       time.perf_counter())
+    res = harness.call("gemm", {"framework": fw, "shapes": shapes,
+                                "dtypes": list(dtypes),
+                                "seconds": args.gemm_seconds}, fw)
+    out["other_load"][fw] = max(0.0, (
+        harness.busy_cpu_seconds() - busy0 - children() + cpu0) / (
+            time.perf_counter() - t0))
+    out["rates"] += res["rates"]
+    out["versions"][fw] = res["version"]
+  return out
 
 
 def main(argv=None):
@@ -346,20 +355,17 @@ def main(argv=None):
                  help="also time this variant's GEMM shapes (e.g. vit_b_16)")
   p.add_argument("--batch", type=int, default=8)
   p.add_argument("--image-size", type=int, default=224)
-  add_gemm_args(p)
-  add_isa_arg(p)
+  add_args(p)
   p.add_argument("--json", action="store_true")
   args = p.parse_args(argv)
   info = cpu_info()
   isa_line = set_isa(args.isa, info)
   gemms = gemms_for(args, [(args.model, args.batch, args.image_size)]
                     if args.model else [])
-  print(describe(info) + "\n" + isa_line)
-  if gemms:
-    print(format_gemms(gemms))
-  if args.json:
-    print(json.dumps({"machine": info, "gemms": gemms}))
-  return {"machine": info, "gemms": gemms}
+  res = {"machine": info, "gemms": gemms}
+  harness.emit("\n".join([describe(info), isa_line] + (
+      [format_gemms(gemms)] if gemms else [])), res, args.json)
+  return res
 
 
 if __name__ == "__main__":

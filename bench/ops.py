@@ -2,17 +2,18 @@
 model and batch; with ``--ablate``, what each group of ops costs it.
 
     python bench/ops.py --model vit_ti_16 --batch 16 [--ablate] [--isa avx2]
+    python bench/ops.py --trace DIR/jax DIR/torch_default.trace.json --steps 3
 
-Each framework in its own child. JAX: the thunks of a ``jax.profiler`` trace
-of the step, grouped by what their HLO computes; torch: ``torch.profiler``'s
-aten ops, grouped alike. XLA:CPU runs independent ops at once and an op's
-time includes its wait for a thread: this shows where ops are, not what
-they cost. ``--ablate`` measures that: the step with a group replaced by a
-near-free stand-in in both frameworks (:data:`ABLATIONS`; "all": the three
-at once), every variant built in the framework's child (the stand-ins in
-place while JAX traces, around each torch step) and timed in rotation over
-``--rounds``; a group's cost is the full step minus the step without it,
-paired within a round. Only the time of a stand-in is read.
+Each framework in its own child (``worker.ops_main``). JAX: the thunks of a
+``jax.profiler`` trace of the step, grouped by what their HLO computes;
+torch: ``torch.profiler``'s aten ops, grouped alike. XLA:CPU runs
+independent ops at once, an op's time including its wait for a thread:
+this shows where ops are, not what they cost. ``--ablate`` measures that:
+the step with a group replaced by a near-free stand-in in both frameworks
+(:data:`ABLATIONS`; "all": the three at once), the variants timed in
+rotation over ``--rounds``; a group's cost is the full step minus the step
+without it, paired within a round. ``--trace``: the traces
+``accelerator.py --profile DIR`` saved (a GPU's ops), read back.
 """
 
 from __future__ import annotations
@@ -21,19 +22,17 @@ import argparse
 import collections
 import contextlib
 import glob
-import importlib.util
 import json
+import math
 import os
 import re
+import statistics
 import sys
-import tempfile
-import time
 
 if __package__ in (None, ""):
   sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from bench import harness  # noqa: E402  pylint: disable=wrong-import-position
-from bench import machine  # noqa: E402  pylint: disable=wrong-import-position
+from bench import harness, machine  # noqa: E402  pylint: disable=wrong-import-position
 
 GROUPS = ("dense GEMMs", "attention matmuls", "softmax", "LayerNorm", "GELU",
           "patch embedding", "optimizer", "layout copies", "loss + other")
@@ -47,16 +46,32 @@ _TINY = 1e-30
 
 
 # JAX: HLO instructions -> groups.
-
 _INSTR = re.compile(r"^\s*(?:ROOT )?%?([\w.\-]+) = ([^=]+?) (\w[\w\-]*)\(")
 _CALLS = re.compile(r"(?:calls|to_apply|body|condition)=%?([\w.\-]+)")
 _META = re.compile(r'op_name="([^"]*)"')
+_SHAPE = re.compile(r"\w+\[([\d,]*)\]")
+_LHS_C = re.compile(r'lhs_contracting_dim(?:s=\{|ensions":\[)([\d",]*)')
+
+
+def _dot_flops(shape: str, args: str, line: str, shapes: dict) -> int:
+  """2 x output elements x contracted size of a dot / cuBLAS GEMM line
+  (``args``: its text after the opcode's parenthesis); the left operand's
+  shape inline or from its definition (``shapes``)."""
+  lhs = _SHAPE.match(args.strip()) or _SHAPE.match(
+      shapes.get(args.split(",")[0].strip(" %)"), ""))
+  out, contract = _SHAPE.search(shape), _LHS_C.search(line)
+  if not (out and lhs and contract):
+    return 0
+  lhs, out, contract = ([int(d) for d in m.group(1).replace('"', "").split(",")
+                        if d] for m in (lhs, out, contract))
+  return 2 * math.prod(out) * math.prod(lhs[c] for c in contract)
 
 
 def parse_hlo(text: str):
-  """{instruction: (opcode, [called computations], [op_name])} and
-  {computation: [instruction names]} of an HLO module's text."""
-  instrs, comps, current = {}, {}, None
+  """{instruction: (opcode, [called computations], [op_name], FLOPs)} and
+  {computation: [instruction names]} of an HLO module's text; a cuBLAS
+  GEMM counts as a dot, cuDNN's fused attention as "fmha"."""
+  instrs, comps, current, shapes, dots = {}, {}, None, {}, []
   for line in text.split("\n"):
     s = line.strip()
     if s.endswith("{") and ("(" in s) and "=" not in s.split("(")[0]:
@@ -67,26 +82,36 @@ def parse_hlo(text: str):
     m = _INSTR.match(line)
     if m and current is not None:
       name, opcode = m.group(1), m.group(3)
-      if opcode == "dot" and "lhs_batch_dims=" in line:
-        opcode = "batched-dot"  # attention's (B*H, N, .) products
-      instrs[name] = (opcode, _CALLS.findall(line), _META.findall(line))
+      shapes[name] = m.group(2).strip().lstrip("(")
+      if opcode == "custom-call" and "$fmha" in line:
+        opcode = "fmha"
+      elif opcode == "custom-call" and "__cublas" in line:
+        opcode = "dot"
+      if opcode == "dot":
+        dots.append((name, m.group(2), line[m.end():], line))
+        if re.search(r'lhs_batch_dim(s=\{\d|ensions":\["?\d)', line):
+          opcode = "batched-dot"  # attention's (B*H, N, .) products
+      instrs[name] = (opcode, _CALLS.findall(line), _META.findall(line), 0)
       comps[current].append(name)
+  for name, shape, args, line in dots:
+    instrs[name] = instrs[name][:3] + (_dot_flops(shape, args, line, shapes),)
   return instrs, comps
 
 
 def _inner(name, instrs, comps, seen=None):
-  """Opcodes and op_names of an instruction and of everything in the
-  computations it calls."""
+  """Opcodes, op_names and FLOPs of an instruction and of everything in
+  the computations it calls."""
   seen = seen if seen is not None else set()
-  opcode, calls, meta = instrs.get(name, ("?", [], []))
+  opcode, calls, meta, flops = instrs.get(name, ("?", [], [], 0))
   ops, metas = {opcode}, list(meta)
   for c in set(calls) - seen:
     seen.add(c)
     for i in comps.get(c, ()):
-      o, m = _inner(i, instrs, comps, seen)
+      o, m, f = _inner(i, instrs, comps, seen)
       ops |= o
       metas += m
-  return ops, metas
+      flops += f
+  return ops, metas, flops
 
 
 def group_of(ops, metas) -> str:
@@ -98,7 +123,7 @@ def group_of(ops, metas) -> str:
                                      "transpose(", "softmax_cross_entropy"))
   if metas and not in_model:
     return "optimizer"
-  if "batched-dot" in ops:  # (B*H, N, .) x (B*H, ., .): scores, values
+  if ops & {"batched-dot", "fmha"}:  # (B*H, N, .) x (B*H, ., .), fused
     return "attention matmuls"
   if ops & {"dot", "convolution"}:  # 2-D (tokens, width) GEMMs
     if "convolution" in ops or "embedding" in text:
@@ -119,59 +144,64 @@ def group_of(ops, metas) -> str:
   return "loss + other"
 
 
-def thunk_times(trace_dir: str):
-  """{HLO instruction name: total picoseconds} over every thunk event of
-  the trace's host plane."""
+def op_times(trace_dir: str):
+  """({HLO instruction: total ns}, busy ns, span ns) of the newest
+  ``jax.profiler`` trace under ``trace_dir``: the ops of the first device
+  plane that has them (GPU, TPU), else the host's XLA thunks (CPU). Busy:
+  the union of the ops' intervals; span: first start to last end."""
+  from jax.profiler import ProfileData  # pylint: disable=import-outside-toplevel
   files = sorted(glob.glob(os.path.join(trace_dir, "**", "*.xplane.pb"),
                            recursive=True))
-  tf = importlib.util.find_spec("tensorflow")
-  if not files or tf is None:
-    raise RuntimeError(f"no *.xplane.pb under {trace_dir}, or no TensorFlow "
-                       "(its xplane_pb2 reads JAX's trace)")
-  s = importlib.util.spec_from_file_location("xplane_pb2", os.path.join(
-      tf.submodule_search_locations[0], "tsl/profiler/protobuf/xplane_pb2.py"))
-  xplane = importlib.util.module_from_spec(s)
-  s.loader.exec_module(xplane)
-  space = xplane.XSpace()
-  with open(files[-1], "rb") as f:
-    space.ParseFromString(f.read())
-  out = collections.Counter()
-  for plane in (p for p in space.planes if p.name == "/host:CPU"):
-    for line in (ln for ln in plane.lines if ln.name.startswith("tf_XLA")):
-      for e in line.events:
-        name = plane.event_metadata[e.metadata_id].name
-        if not name.startswith(("end: ", "Thread", "ThunkExecutor")):
-          out[name] += e.duration_ps
-  return out
+  if not files:
+    raise RuntimeError(f"no *.xplane.pb under {trace_dir}")
+  planes = list(ProfileData.from_file(files[-1]).planes)
+  dev = [ln for p in planes if p.name.startswith("/device:")
+         for ln in p.lines if ln.name == "XLA Ops"][:1]
+  lines = dev or [ln for p in planes if p.name == "/host:CPU"
+                  for ln in p.lines if ln.name.startswith("tf_XLA")]
+  out, spans = collections.Counter(), []
+  for ln in lines:
+    for e in ln.events:
+      if not e.name.startswith(("end: ", "Thread", "ThunkExecutor")):
+        out[e.name] += e.duration_ns
+        spans.append((e.start_ns, e.end_ns))
+  return (out,) + _busy_span(spans)
+
+
+def _busy_span(spans):
+  """The union of the (start, end) intervals' lengths, and first start to
+  last end."""
+  busy, end = 0.0, float("-inf")
+  for a, b in sorted(spans):
+    busy, end = busy + max(0.0, b - max(a, end)), max(end, b)
+  return busy, end - min(spans)[0] if spans else 0.0
+
+
+def _tally(items, per: float):
+  """{group: total / per} and {"group: name": total / per} of (group,
+  name, time) items."""
+  groups, detail = collections.Counter(), collections.Counter()
+  for g, name, t in items:
+    groups[g] += t / per
+    detail[f"{g}: {name}"] += t / per
+  return groups, detail
+
+
+def jax_groups(times, hlo: str, steps: int):
+  """:func:`_tally` of :func:`op_times`' ops (ms per step), each grouped by
+  what its instruction in ``hlo`` computes; and each one's FLOPs."""
+  instrs, comps = parse_hlo(hlo)
+  inner = {n: _inner(n, instrs, comps) for n in times if n in instrs}
+  group = {n: group_of(*inner[n][:2]) if n in inner else "loss + other"
+           for n in times}
+  flops = {f"{group[n]}: {n}": inner[n][2] if n in inner else 0
+           for n in times}
+  return _tally(((group[n], n, ns / 1e6) for n, ns in times.items()),
+                steps) + (flops,)
 
 
 # Each ablation variant: the groups its stand-ins replace.
 VARIANTS = {"": [], **{g: [g] for g in ABLATIONS}, "all": list(ABLATIONS)}
-
-
-def _median_step_ms(step, steps: int) -> float:
-  times = []
-  for _ in range(max(1, steps)):
-    t = time.perf_counter()
-    step()
-    times.append(time.perf_counter() - t)
-  return sorted(times)[len(times) // 2] * 1e3
-
-
-def _finish(spec, runs, first, profile):
-  """--ablate: {variant: [median ms per round]}, the variants in rotation,
-  and each one's first loss (a stand-in that replaced nothing would leave
-  it); else the full step's wall ms and its ops grouped by ``profile``."""
-  if spec["ablate"]:
-    order, walls = list(runs), {v: [] for v in runs}
-    for r in range(spec["rounds"]):
-      for v in (order if r % 2 == 0 else order[::-1]):
-        walls[v].append(_median_step_ms(runs[v], spec["steps"]))
-    return {"walls": walls, "first": first}
-  wall = _median_step_ms(runs[""], spec["steps"])
-  groups, detail = profile(runs[""])
-  return dict(wall_ms=wall, groups=dict(groups),
-              top=detail.most_common(spec["top"]))
 
 
 def _sdpa(q, k, v, *args, **kwargs):  # torch's q, k, v: (B, H, N, hd)
@@ -203,7 +233,7 @@ TORCH_STAND_INS = {
 
 
 @contextlib.contextmanager
-def _stand_ins(module, table, variant):
+def stand_ins(module, table, variant):
   """The stand-ins of ``variant``'s groups in place in ``module``."""
   new = {k: f for g in VARIANTS[variant] for k, f in table[g].items()}
   saved = {k: getattr(module, k) for k in new}
@@ -216,55 +246,13 @@ def _stand_ins(module, table, variant):
       setattr(module, k, f)
 
 
-def _jax(spec):
-  import jax  # pylint: disable=import-outside-toplevel
-  import jax.numpy as jnp  # pylint: disable=import-outside-toplevel
-  import numpy as np  # pylint: disable=import-outside-toplevel
-  from bench import steps  # pylint: disable=import-outside-toplevel
-  from vit_jax import models  # pylint: disable=import-outside-toplevel
-  from vit_jax.models import kernels  # pylint: disable=import-outside-toplevel
-  b, s = spec["batch"], spec["image_size"]
-  rng = np.random.default_rng(0)
-  x = jnp.asarray(rng.standard_normal((b, s, s, 3)), jnp.float32)
-  y = jnp.asarray(rng.integers(0, 1000, b), jnp.int32)
-  runs, first, compiled = {}, {}, {}
-  for v in VARIANTS if spec["ablate"] else [""]:
-    with _stand_ins(kernels, JAX_STAND_INS, v):
-      model = models.get_model(spec["model"], num_classes=1000, **(
-          {"num_layers": spec["layers"]} if spec["layers"] else {}))
-      variables = models.init_params(model, s)
-      # Both frameworks zero the head at init: give it weights.
-      head = variables["params"]["head"]
-      head["kernel"] = 0.02 * jax.random.normal(jax.random.key(0),
-                                                head["kernel"].shape)
-      tx = steps.adamw()
-      compiled[v] = steps.lower(model, spec["mode"], variables, x, y,
-                                tx).compile()
-      step = steps.runner(compiled[v], spec["mode"], variables, x, y, tx)
-    first[v] = [float(o) for o in np.asarray(step()).ravel()[:4]]
-    for _ in range(spec["warmup"]):
-      step()
-    runs[v] = step
+def standing_in(module, table, variant, step):
+  """``step`` run with ``variant``'s stand-ins in place in ``module``."""
+  def run():
+    with stand_ins(module, table, variant):
+      return step()
+  return run
 
-  def profile(step):
-    with tempfile.TemporaryDirectory(prefix="vit_jax_ops_") as d:
-      jax.profiler.start_trace(d)
-      for _ in range(spec["steps"]):
-        step()
-      jax.profiler.stop_trace()
-      times = thunk_times(d)
-    instrs, comps = parse_hlo(compiled[""].as_text())
-    groups, detail = collections.Counter(), collections.Counter()
-    for name, ps in times.items():
-      g = group_of(*_inner(name, instrs, comps)) if name in instrs else (
-          "loss + other")
-      groups[g] += ps / 1e9 / spec["steps"]  # ms per step
-      detail[f"{g}: {name}"] += ps / 1e9 / spec["steps"]
-    return groups, detail
-  return _finish(spec, runs, first, profile)
-
-
-# torch.
 
 _TORCH_LAYOUT = {"aten::copy_", "aten::clone", "aten::contiguous",
                  "aten::transpose", "aten::permute", "aten::_to_copy",
@@ -303,91 +291,94 @@ def torch_group(name: str, in_optimizer: bool = False) -> str:
 
 def _under_optimizer(ev) -> bool:
   p = ev.cpu_parent
-  while p is not None:
-    if p.name.startswith("Optimizer.step"):
-      return True
+  while p is not None and not p.name.startswith("Optimizer.step"):
     p = p.cpu_parent
-  return False
+  return p is not None
 
 
-def _torch(spec):
-  import numpy as np  # pylint: disable=import-outside-toplevel
-  import torch  # pylint: disable=import-outside-toplevel
-  import torch.nn.functional as F  # pylint: disable=import-outside-toplevel
-  import torchvision  # pylint: disable=import-outside-toplevel
-  from vit_jax import models  # pylint: disable=import-outside-toplevel
-  v = vars(models.decode_variant(spec["model"]))
-  b, s = spec["batch"], spec["image_size"]
-  rng = np.random.default_rng(0)
-  x = torch.from_numpy(rng.standard_normal((b, 3, s, s)).astype(np.float32))
-  y = torch.from_numpy(rng.integers(0, 1000, b))
-  runs, first = {}, {}
-  for variant in VARIANTS if spec["ablate"] else [""]:
-    torch.manual_seed(0)
-    model = torchvision.models.VisionTransformer(
-        image_size=s, patch_size=v["patch_size"],
-        num_layers=spec["layers"] or v["num_layers"],
-        num_heads=v["num_heads"], hidden_dim=v["hidden_size"],
-        mlp_dim=v["mlp_dim"], num_classes=1000)
-    with torch.no_grad():
-      model.heads.head.weight.normal_(0.0, 0.02)
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-3, weight_decay=0.05)
-    model.train(spec["mode"] == "train")
-
-    def step(model=model, opt=opt, variant=variant):
-      with _stand_ins(F, TORCH_STAND_INS, variant):
-        if spec["mode"] != "train":
-          with torch.inference_mode():
-            return model(x)
-        opt.zero_grad(set_to_none=True)
-        loss = torch.nn.functional.cross_entropy(model(x), y)
-        loss.backward()
-        opt.step()
-        return loss.detach()
-    first[variant] = [float(o) for o in step().numpy().ravel()[:4]]
-    for _ in range(spec["warmup"]):
-      step()
-    runs[variant] = step
-
-  def profile(step):
-    with torch.profiler.profile(
-        activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
-      for _ in range(spec["steps"]):
-        step()
-    groups, detail = collections.Counter(), collections.Counter()
-    for ev in prof.events():
-      ms = ev.self_cpu_time_total / 1e3 / spec["steps"]
-      if ms > 0:
-        g = torch_group(ev.name, _under_optimizer(ev))
-        groups[g] += ms
-        detail[f"{g}: {ev.name}"] += ms
-    return groups, detail
-  return _finish(spec, runs, first, profile)
+def torch_op_groups(events, steps: int):
+  """:func:`_tally` of ``torch.profiler``'s events (self CPU ms per step)."""
+  return _tally(((torch_group(ev.name, _under_optimizer(ev)), ev.name,
+                  ev.self_cpu_time_total / 1e3) for ev in events
+                 if ev.self_cpu_time_total > 0), steps)
 
 
-def child(spec):
-  """bench.worker's ``ops``: one framework's profile or ablation."""
-  return {"jax": _jax, "torch": _torch}[spec["framework"]](spec)
+# Reading traces saved elsewhere (bench/accelerator.py --profile DIR).
+def read_jax_trace(trace_dir: str, steps: int):
+  """The groups (ms per step), the idle time and the largest ops of a
+  saved ``jax.profiler`` trace, named by ``step.hlo.txt`` beside it; a
+  GEMM's or attention op's achieved TFLOP/s beside its time."""
+  times, busy, span = op_times(trace_dir)
+  with open(os.path.join(trace_dir, "step.hlo.txt")) as f:
+    groups, detail, flops = jax_groups(times, f.read(), steps)
+  groups["idle (no op running)"] = (span - busy) / 1e6 / steps
+  return groups, [(k, ms, flops[k] / ms / 1e9 if flops[k] else None)
+                  for k, ms in detail.most_common(20)]
+
+
+def torch_kernel_group(name: str) -> str:
+  """A CUDA kernel's group by its name (eager ATen kernels, cuBLAS /
+  CUTLASS GEMMs, torch.compile's Triton kernels named by what they fuse)."""
+  n = name.lower()
+  for g, keys in (("attention matmuls", ("flash", "fmha", "attention")),
+                  ("dense GEMMs", ("gemm", "cutlass", "nvjet", "xmma",
+                                   "_mm_", "triton_tem_fused")),
+                  ("optimizer", ("adam", "foreach", "multi_tensor")),
+                  ("patch embedding", ("conv", "implicit")),
+                  ("loss + other", ("nll", "cross_entropy", "log_softmax")),
+                  ("softmax", ("softmax",)), ("LayerNorm", ("layer_norm",)),
+                  ("GELU", ("gelu",)),
+                  ("layout copies", ("copy", "transpose", "permute", "cat"))):
+    if any(k in n for k in keys):
+      return g
+  return "loss + other"
+
+
+def read_torch_trace(path: str, steps: int):
+  """The same for a ``torch.profiler`` Chrome trace with CUDA kernels."""
+  with open(path) as f:
+    events = [e for e in json.load(f)["traceEvents"]
+              if e.get("cat") == "kernel" and e.get("ph") == "X"]
+  if not events:
+    raise SystemExit(f"{path}: no CUDA kernels in this trace (a CPU run's "
+                     "torch ops are in `bench/ops.py` without --trace)")
+  groups, detail = _tally(((torch_kernel_group(e["name"]), e["name"][:90],
+                            e["dur"] / 1e3) for e in events), steps)
+  busy, span = _busy_span([(e["ts"], e["ts"] + e["dur"]) for e in events])
+  groups["idle (no op running)"] = (span - busy) / 1e3 / steps
+  return groups, [(k, ms, None) for k, ms in detail.most_common(20)]
+
+
+def format_traces(tables: dict) -> str:
+  """Side-by-side groups (ms per step, share of the step) of traces."""
+  names = list(tables)
+  lines = [f"{'group':22}" + "".join(f" {n[:24]:>24}" for n in names)]
+  for g in GROUPS + ("idle (no op running)", "step"):
+    row = f"{g:22}"
+    for n in names:
+      groups = tables[n][0]
+      total = sum(groups.values())
+      ms = total if g == "step" else groups.get(g, 0.0)
+      row += f" {ms:10.2f} ms {100 * ms / total:6.1f} %  "
+    lines.append(row)
+  for n in names:
+    lines += ["", f"largest ops of {n} (ms/step, achieved TFLOP/s):"]
+    lines += [f"  {ms:8.3f}  {'' if tf is None else f'{tf:7.2f} TF/s'} "
+              f"{name}" for name, ms, tf in tables[n][1]]
+  return "\n".join(lines)
 
 
 # the parent.
-
-
-def _med(xs):
-  xs, n = sorted(xs), len(xs)
-  return xs[n // 2] if n % 2 else (xs[n // 2 - 1] + xs[n // 2]) / 2
-
-
 def ablation_costs(walls: dict) -> dict:
   """{fw: {group: (median, min, max)}}: a group's cost is the full step
   minus the step without it, paired within each round; 'the rest' is the
   step with every stand-in, 'step' the full step."""
   out = {}
   for fw, w in walls.items():
-    full = w[""]
-    costs = {g: [a - b for a, b in zip(full, w[g])] for g in ABLATIONS}
-    costs["the rest"], costs["step"] = w["all"], full
-    out[fw] = {g: (_med(c), min(c), max(c)) for g, c in costs.items()}
+    costs = {g: [a - b for a, b in zip(w[""], w[g])] for g in ABLATIONS}
+    costs["the rest"], costs["step"] = w["all"], w[""]
+    out[fw] = {g: (statistics.median(c), min(c), max(c))
+               for g, c in costs.items()}
   return out
 
 
@@ -421,9 +412,8 @@ def format_table(res: dict) -> str:
       f"{t['wall_ms']:.1f} (torch / JAX {t['wall_ms'] / j['wall_ms']:.2f}x)",
       "", f"{'group':20} {'JAX ms':>8} {'torch ms':>9} {'JAX - torch':>12}"]
   for g in GROUPS + ("sum of ops",):
-    a, b = ((sum(j["groups"].values()), sum(t["groups"].values()))
-            if g == "sum of ops" else
-            (j["groups"].get(g, 0.0), t["groups"].get(g, 0.0)))
+    a, b = (sum(x["groups"].values()) if g == "sum of ops" else
+            x["groups"].get(g, 0.0) for x in (j, t))
     lines.append(f"{g:20} {a:8.2f} {b:9.2f} {a - b:+12.2f}")
   if a > 1.2 * j["wall_ms"]:
     lines.append(
@@ -446,10 +436,23 @@ def main(argv=None) -> dict:
   p.add_argument("--ablate", action="store_true",
                  help="what each group costs the step in wall time")
   p.add_argument("--json", action="store_true")
-  machine.add_isa_arg(p)
+  p.add_argument("--trace", nargs="+", metavar="PATH",
+                 help="read saved traces instead (bench/accelerator.py "
+                      "--profile DIR: DIR/jax, DIR/torch_*.trace.json), "
+                      "--steps traced steps each")
+  machine.add_args(p, gemm=False)
   args = p.parse_args(argv)
+  if args.trace:
+    tables = {os.path.basename(t.rstrip("/")): (
+        read_jax_trace(t, args.steps) if os.path.isdir(t) else
+        read_torch_trace(t, args.steps)) for t in args.trace}
+    print(format_traces(tables))
+    return tables
   isa_line = machine.set_isa(args.isa)
-  spec = {k: v for k, v in vars(args).items() if k not in ("isa", "json")}
+  spec = dict(harness.Workload(
+      name=args.model, mode=args.mode, batch=args.batch, warmup=args.warmup,
+      image_size=args.image_size, layers=args.layers).spec(), **{
+          k: v for k, v in vars(args).items() if k not in ("isa", "json")})
   res = dict(spec, machine=machine.cpu_info(), isa=args.isa,
              isa_line=isa_line, load_before=os.getloadavg()[0])
   got = {fw: harness.call("ops", dict(spec, framework=fw), fw,
@@ -462,12 +465,10 @@ def main(argv=None) -> dict:
     res["costs"] = ablation_costs(res["walls"])
   else:
     res.update(got)
-  print(f"{machine.describe(res['machine'])}\n{isa_line}\n"
-        f"{(format_ablation if args.ablate else format_table)(res)}\n"
-        f"load average {res['load_before']:.2f} before, "
-        f"{res['load_after']:.2f} after")
-  if args.json:
-    print(json.dumps(res))
+  harness.emit(f"{machine.describe(res['machine'])}\n{isa_line}\n"
+               f"{(format_ablation if args.ablate else format_table)(res)}\n"
+               f"load average {res['load_before']:.2f} before, "
+               f"{res['load_after']:.2f} after", res, args.json)
   return res
 
 

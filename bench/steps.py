@@ -23,7 +23,14 @@ def _infer(model, variables, images):
   return model.apply(variables, images, train=False)
 
 
-def make_train_step(model, tx, *, donate: bool = True, compiler_options=None):
+def lower(model, mode: str, variables, x, y, tx=None, *, donate=True,
+          compiler_options=None):
+  """The ``mode`` step lowered on the shapes of ``variables`` (arrays or
+  ``jax.ShapeDtypeStruct``s) and the batch ``x``, ``y``."""
+  if mode == "infer":
+    return jax.jit(functools.partial(_infer, model),
+                   compiler_options=compiler_options).lower(variables, x)
+
   def train_step(params, opt_state, images, labels):
     def loss_fn(p):
       logits = model.apply({"params": p}, images, train=True)
@@ -32,22 +39,10 @@ def make_train_step(model, tx, *, donate: bool = True, compiler_options=None):
     loss, grads = jax.value_and_grad(loss_fn)(params)
     updates, opt_state = tx.update(grads, opt_state, params)
     return optax.apply_updates(params, updates), opt_state, loss
-
-  return jax.jit(train_step, donate_argnums=(0, 1) if donate else (),
-                 compiler_options=compiler_options)
-
-
-def lower(model, mode: str, variables, x, y, tx=None, *, donate=True,
-          compiler_options=None):
-  """The ``mode`` step lowered on the shapes of ``variables`` (arrays or
-  ``jax.ShapeDtypeStruct``s) and the batch ``x``, ``y``."""
-  if mode == "infer":
-    return jax.jit(functools.partial(_infer, model),
-                   compiler_options=compiler_options).lower(variables, x)
   p = variables["params"]
-  return make_train_step(model, tx, donate=donate,
-                         compiler_options=compiler_options).lower(
-                             p, jax.eval_shape(tx.init, p), x, y)
+  return jax.jit(train_step, donate_argnums=(0, 1) if donate else (),
+                 compiler_options=compiler_options).lower(
+                     p, jax.eval_shape(tx.init, p), x, y)
 
 
 def runner(compiled, mode: str, variables, x, y, tx=None):

@@ -54,14 +54,14 @@ class ReleaseWait:
   turn. Does nothing without glibc or for blocks under 16 MiB."""
 
   def __init__(self, temp_bytes: int, timeout_s: float = 0.05):
-    self.limit, self.timeout_s = None, timeout_s
+    self.limit, self.timeout_s, self.temp_bytes = None, timeout_s, temp_bytes
     self.waited_s, self.timeouts = 0.0, 0
     try:
       self._mallinfo2 = ctypes.CDLL("libc.so.6").mallinfo2
       self._mallinfo2.restype = _Mallinfo2
     except (OSError, AttributeError):
       self._mallinfo2 = None
-    self.temp_bytes = int(temp_bytes)
+    self.active = self._mallinfo2 is not None and temp_bytes >= 2 ** 24
 
   def in_use(self) -> int:
     """Bytes glibc has handed out: from its heap, and as own mappings."""
@@ -70,10 +70,14 @@ class ReleaseWait:
 
   def settle(self):
     """Takes the level at rest (after warm-up)."""
-    if self._mallinfo2 is None or self.temp_bytes < 2 ** 24:
-      return
-    time.sleep(0.05)
-    self.limit = self.in_use() + self.temp_bytes // 2
+    if self.active:
+      time.sleep(0.05)
+      self.limit = self.in_use() + self.temp_bytes // 2
+
+  def take(self) -> dict:  # since the last take: each turn's reply
+    out = {"release_wait_s": self.waited_s, "release_timeouts": self.timeouts}
+    self.waited_s, self.timeouts = 0.0, 0
+    return out
 
   def __call__(self):
     if self.limit is None:
@@ -117,6 +121,12 @@ def naflex_inputs(spec, form: str, patch: int):
 _send = print  # main() sends on the real stdout
 
 
+def _on_host(out) -> np.ndarray:
+  """A step's output (a torch tensor or a JAX array), flat, in float64."""
+  out = out.detach().float().numpy() if hasattr(out, "detach") else out
+  return np.asarray(out, np.float64).ravel()
+
+
 def _serve(spec, step, info, t0, compile_s="first", turn_extra=None,
            settle=None):
   """Times the first call (``compile_s="first"``: its time is the compile
@@ -133,9 +143,8 @@ def _serve(spec, step, info, t0, compile_s="first", turn_extra=None,
     step()
   if settle:
     settle()
-  out = out.detach().float().numpy() if hasattr(out, "detach") else out
   _send({"ready": True, "setup_s": setup_s, "compile_s": compile_s,
-         "check": np.asarray(out, np.float64).ravel()[:4000].tolist(),
+         "check": _on_host(out)[:4000].tolist(),
          "info": dict(info, pid=os.getpid(), isa_env={
              k: os.environ[k] for k in ISA_ENV if k in os.environ})})
   try:  # bounds a long child's kept heap (vit_jax/train/host_memory.py)
@@ -164,8 +173,6 @@ def _serve(spec, step, info, t0, compile_s="first", turn_extra=None,
 
 
 # torch.
-
-
 def _torch_model(spec):
   """torchvision's ViT (or timm's model by name), seeded, its head given
   weights (torchvision zero-initialises it) so the logits mean something;
@@ -197,47 +204,48 @@ def _torch_model(spec):
   return model
 
 
-def weights_main(spec):
-  _torch_model(spec)
-  return {"weights_out": spec["weights_out"]}
-
-
-def torch_main(spec):
-  t0 = time.perf_counter()
+def _torch_step(spec, model, fwd):
+  """One synchronous step of torch's ``model`` (called as ``fwd``) on the
+  batch: inference, or forward + cross-entropy + backward + AdamW; in
+  bfloat16 under ``torch.autocast``."""
   import torch  # pylint: disable=import-outside-toplevel
-  model = _torch_model(spec)
   images, labels = _inputs(spec)
   x = torch.from_numpy(images.transpose(0, 3, 1, 2).copy())  # NCHW
   y = torch.from_numpy(labels)
   bf16 = spec["dtype"] == "bfloat16"
   autocast = lambda: torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16)
-  fwd = torch.compile(model) if spec.get("torch_compile") else model
   if spec["mode"] == "infer":
     model.eval()
 
     def step():
       with torch.inference_mode(), autocast():
         return fwd(x)
-  else:
-    model.train()
-    opt = torch.optim.AdamW(model.parameters(), lr=spec["lr"],
-                            weight_decay=spec["weight_decay"])
+    return step
+  model.train()
+  opt = torch.optim.AdamW(model.parameters(), lr=spec["lr"],
+                          weight_decay=spec["weight_decay"])
 
-    def step():
-      opt.zero_grad(set_to_none=True)
-      with autocast():
-        loss = torch.nn.functional.cross_entropy(fwd(x), y)
-      loss.backward()
-      opt.step()
-      return loss
-  _serve(spec, step, {"threads": torch.get_num_threads(),
-                      "torch": torch.__version__}, t0,
+  def train_step():
+    opt.zero_grad(set_to_none=True)
+    with autocast():
+      loss = torch.nn.functional.cross_entropy(fwd(x), y)
+    loss.backward()
+    opt.step()
+    return loss
+  return train_step
+
+
+def torch_main(spec):
+  t0 = time.perf_counter()
+  import torch  # pylint: disable=import-outside-toplevel
+  model = _torch_model(spec)
+  fwd = torch.compile(model) if spec.get("torch_compile") else model
+  _serve(spec, _torch_step(spec, model, fwd), {
+      "threads": torch.get_num_threads(), "torch": torch.__version__}, t0,
          "first" if spec.get("torch_compile") else None)
 
 
 # JAX.
-
-
 def _overrides(spec):
   import jax.numpy as jnp  # pylint: disable=import-outside-toplevel
   out = dict(spec.get("model_overrides") or {})
@@ -282,25 +290,20 @@ def jax_main(spec):
   # Waits for XLA to free the step's temporaries (settled after warm-up).
   wait = ReleaseWait(mem["temp"] if spec.get("release_wait", True) else 0)
   step = lambda: (run(), wait())[0]
-
-  def turn_extra():  # this turn's wait for the temporaries
-    out = {"release_wait_s": wait.waited_s, "release_timeouts": wait.timeouts}
-    wait.waited_s, wait.timeouts = 0.0, 0
-    return out
   _serve(spec, step, {
       "jax": jax.__version__, "devices": str(jax.devices()),
       "xla_flags": os.environ.get("XLA_FLAGS", ""),
       "overrides": {k: str(v) for k, v in overrides.items()},
       # which checkout ran (ab.py's src=)
       "vit_jax": os.path.dirname(os.path.abspath(vit_jax.__file__)),
-      "memory": mem, "release_wait": bool(wait._mallinfo2 and wait.temp_bytes
-                                             >= 2 ** 24)},  # pylint: disable=protected-access
-         t0, compile_s, turn_extra, wait.settle)
+      "memory": mem, "release_wait": wait.active},
+         t0, compile_s, wait.take, wait.settle)
 
 
-# Exported artifacts in their runtimes (python -m vit_jax.export's formats).
-FORMATS = {"stablehlo": "stablehlo", "savedmodel": "savedmodel",
-           "onnxruntime": "onnx"}
+# Exported artifacts in their runtimes: python -m vit_jax.export's format
+# and file suffix.
+FORMATS = {"stablehlo": ("stablehlo", ".shlo"),
+           "savedmodel": ("savedmodel", ""), "onnxruntime": ("onnx", ".onnx")}
 
 
 def runtime_main(framework: str, spec):
@@ -310,10 +313,9 @@ def runtime_main(framework: str, spec):
   if framework == "onnxruntime":  # the ONNX exporter needs torch
     import torch  # noqa: F401  pylint: disable=import-outside-toplevel,unused-import
   from vit_jax import export  # pylint: disable=import-outside-toplevel
-  fmt = FORMATS[framework]
-  folder = tempfile.mkdtemp(prefix=f"vit_bench_{fmt}_")
-  path = os.path.join(folder, "artifact" + {"stablehlo": ".shlo",
-                                            "onnx": ".onnx"}.get(fmt, ""))
+  fmt, suffix = FORMATS[framework]
+  path = os.path.join(tempfile.mkdtemp(prefix=f"vit_bench_{fmt}_"),
+                      "artifact" + suffix)
   t = time.perf_counter()
   export.export(_jax_model(spec), fmt, path)
   export_s = time.perf_counter() - t
@@ -339,8 +341,6 @@ def runtime_main(framework: str, spec):
 
 
 # One-shot kinds.
-
-
 def inprocess(spec):
   """ab.py --in-process: each config's step lowered from shapes (timed, a
   hash of its StableHLO), compiled (timed, XLA's memory analysis), then
@@ -399,18 +399,93 @@ def inprocess(spec):
   return {"times": times, "faults": faults, "info": info}
 
 
-def _gemm(spec):
-  from bench import machine  # pylint: disable=import-outside-toplevel
-  return machine.gemm_child(spec)
+def _median_ms(step, steps: int) -> float:
+  times = []
+  for _ in range(max(1, steps)):
+    t = time.perf_counter()
+    step()
+    times.append(time.perf_counter() - t)
+  return sorted(times)[len(times) // 2] * 1e3
 
 
-def _ops(spec):
+def ops_main(spec):
+  """``bench/ops.py``'s child: one framework's step (float32) profiled op
+  by op and grouped; with ``ablate``, each variant of ``ops.VARIANTS`` (the
+  stand-ins in place while JAX traces, around each torch step) and each
+  one's first output, the variants timed in rotation over ``rounds``."""
   from bench import ops  # pylint: disable=import-outside-toplevel
-  return ops.child(spec)
+  runs, n = {}, spec["steps"]
+  variants = ops.VARIANTS if spec["ablate"] else [""]
+  if spec["framework"] == "torch":
+    import torch  # pylint: disable=import-outside-toplevel
+    from torch.nn import functional  # pylint: disable=import-outside-toplevel
+    for v in variants:
+      model = _torch_model(spec)
+      runs[v] = ops.standing_in(functional, ops.TORCH_STAND_INS, v,
+                                _torch_step(spec, model, model))
+
+    def profile(step):
+      with torch.profiler.profile(
+          activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
+        for _ in range(n):
+          step()
+      return ops.torch_op_groups(prof.events(), n)
+  else:
+    import jax  # pylint: disable=import-outside-toplevel
+    import jax.numpy as jnp  # pylint: disable=import-outside-toplevel
+    from bench import steps  # pylint: disable=import-outside-toplevel
+    from vit_jax import models  # pylint: disable=import-outside-toplevel
+    from vit_jax.models import kernels  # pylint: disable=import-outside-toplevel
+    images, labels = _inputs(spec)
+    x, y = jnp.asarray(images), jnp.asarray(labels.astype(np.int32))
+    tx = steps.adamw(spec["lr"], spec["weight_decay"])
+    for v in variants:
+      with ops.stand_ins(kernels, ops.JAX_STAND_INS, v):
+        model = models.get_model(spec["name"], num_classes=spec["num_classes"],
+                                 num_layers=spec["variant"]["num_layers"])
+        variables = jax.device_put(steps.perturbed(models.init_params(
+            model, spec["image_size"], spec["seed"]), spec["seed"]))
+        compiled = steps.lower(model, spec["mode"], variables, x, y,
+                               tx).compile()
+        runs[v] = steps.runner(compiled, spec["mode"], variables, x, y, tx)
+      if not v:  # the full step, whose HLO names the profile's ops
+        hlo = compiled.as_text()
+
+    def profile(step):
+      with tempfile.TemporaryDirectory(prefix="vit_jax_ops_") as d:
+        with jax.profiler.trace(d):
+          for _ in range(n):
+            step()
+        return ops.jax_groups(ops.op_times(d)[0], hlo, n)[:2]
+  first = {v: _on_host(step())[:4].tolist() for v, step in runs.items()}
+  for step in runs.values():
+    for _ in range(spec["warmup"]):
+      step()
+  if spec["ablate"]:
+    order, walls = list(runs), {v: [] for v in runs}
+    for r in range(spec["rounds"]):
+      for v in (order if r % 2 == 0 else order[::-1]):
+        walls[v].append(_median_ms(runs[v], n))
+    return {"walls": walls, "first": first}
+  wall = _median_ms(runs[""], n)
+  groups, detail = profile(runs[""])
+  return dict(wall_ms=wall, groups=dict(groups),
+              top=detail.most_common(spec["top"]))
 
 
-ONCE = {"weights": weights_main, "inprocess": inprocess, "gemm": _gemm,
-        "ops": _ops}
+def once(kind: str, spec):
+  """A one-shot kind's result: torch's weights saved for the parent,
+  :func:`inprocess`, :func:`ops_main` or ``machine.gemm_child``."""
+  if kind == "weights":
+    _torch_model(spec)
+    return {"weights_out": spec["weights_out"]}
+  if kind == "gemm":
+    from bench import machine  # pylint: disable=import-outside-toplevel
+    return machine.gemm_child(spec)
+  return (ops_main if kind == "ops" else inprocess)(spec)
+
+
+ONCE = ("weights", "inprocess", "gemm", "ops")
 
 
 def main():
@@ -419,13 +494,12 @@ def main():
     sys.path.insert(0, spec["src"])  # path before anything imports it
   from vit_jax.data import console  # pylint: disable=import-outside-toplevel
   console.quiet_native_logs()  # TensorFlow's load-time INFO lines off
-  # Results go to the parent on stdout; framework logs and warnings to
-  # stderr.
+  # Results to the parent on stdout; framework logs and warnings to stderr.
   real_stdout, sys.stdout = sys.stdout, sys.stderr
   global _send  # pylint: disable=global-statement
   _send = lambda obj: print(json.dumps(obj), file=real_stdout, flush=True)  # noqa: E731
   if kind in ONCE:
-    _send(ONCE[kind](spec))
+    _send(once(kind, spec))
   elif kind in FORMATS:
     runtime_main(kind, spec)
   else:

@@ -1,5 +1,19 @@
 """Test-session setup shared by all test files."""
 
+import os
+
+# The suite compiles hundreds of small XLA programs and runs each a few
+# times: compiling is half its time. XLA's LLVM backend at -O0 compiles them
+# about 30 % faster (tests/models/test_naflex_model.py: 44.7 s -> 32.1 s on
+# an Intel Xeon) and runs these sizes about as fast; the programs (HLO) and
+# their numerics are XLA's, unchanged (no fast-math either way). Set in the
+# environment, so that the CLIs and train.py the tests start get it too;
+# VIT_JAX_TEST_XLA_OPT=1 keeps XLA's default.
+if os.environ.get("VIT_JAX_TEST_XLA_OPT") != "1":
+  os.environ["XLA_FLAGS"] = " ".join(f for f in (
+      os.environ.get("XLA_FLAGS", ""),
+      "--xla_backend_optimization_level=0") if f)
+
 # torch/torchvision must be imported before TensorFlow: importing torchvision
 # (which loads triton) after TensorFlow crashes the process on this stack.
 # Test files import both, in an order pytest chooses, so fix it here.
@@ -11,6 +25,21 @@ except ImportError:  # the torch-free parts of the suite still run
 
 
 import pytest  # noqa: E402
+
+
+@pytest.fixture
+def record_property(request):
+  """pytest's ``record_property``, the value kept as a plain float (a
+  relative error: :class:`compare.Closeness` gives its ``rel``) or str, so
+  that pytest-xdist's workers can send it to the controller."""
+  def record(name, value):
+    value = getattr(value, "rel", value)
+    try:
+      value = float(value)
+    except (TypeError, ValueError):
+      value = str(value)
+    request.node.user_properties.append((name, value))
+  return record
 
 
 @pytest.fixture(scope="session")
@@ -30,9 +59,30 @@ def digits_run(tmp_path_factory):
 def pytest_configure(config):
   """``VIT_JAX_SUITE_PROFILE=FILE``: where each test's time goes, one JSON
   line per test (tests/suite_profile.py)."""
-  import os  # pylint: disable=import-outside-toplevel
   path = os.environ.get("VIT_JAX_SUITE_PROFILE")
   if path:
     import suite_profile  # pylint: disable=import-outside-toplevel
     config.pluginmanager.register(suite_profile.SuiteProfile(path),
                                   "suite_profile")
+
+
+def _slow_list():
+  """The node ids of tests/slow_tests.txt (``seconds node-id`` lines)."""
+  path = os.path.join(os.path.dirname(__file__), "slow_tests.txt")
+  with open(path) as f:
+    return {line.split(maxsplit=1)[1].strip() for line in f
+            if line.strip() and not line.startswith("#")}
+
+
+def pytest_collection_modifyitems(config, items):
+  """Marks ``slow`` the tests tests/slow_tests.txt lists (measured: each
+  took 2 s or more), so that ``pytest -m "not slow"`` is a first answer in
+  minutes that still runs every test file; the README's command runs all."""
+  del config
+  slow = _slow_list()
+  for item in items:
+    if item.nodeid in slow:
+      item.add_marker(pytest.mark.slow)
+  # The groups one pytest-xdist worker runs whole (the registry: minutes)
+  # first, so that the other workers' tests fill the time beside them.
+  items.sort(key=lambda item: item.get_closest_marker("xdist_group") is None)

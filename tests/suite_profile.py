@@ -185,7 +185,29 @@ def table(path):
   return "\n".join(out)
 
 
+def slow_list(path, under: float = 2.0):
+  """tests/slow_tests.txt from a profile: every test that took ``under``
+  seconds or more (setup included), except each file's quickest, so that
+  ``-m "not slow"`` still runs every file."""
+  per = collections.defaultdict(list)
+  for line in open(path):
+    r = json.loads(line)
+    per[r["nodeid"].split("::")[0]].append(r)
+  out = [f"# Tests marked slow (conftest.py): {under:g} s or more in "
+         f"`VIT_JAX_SUITE_PROFILE={os.path.basename(path)}`, the README's "
+         "command;", "# each file's quickest test is kept in the fast set. "
+         "Regenerate: python tests/suite_profile.py PROFILE --slow-list"]
+  for f in sorted(per):
+    rs = sorted(per[f], key=lambda r: r["wall"])
+    out += [f"{r['wall']:.1f} {r['nodeid']}" for r in rs[1:]
+            if r["wall"] >= under]
+  return "\n".join(out)
+
+
 if __name__ == "__main__":
+  if "--slow-list" in sys.argv:
+    print(slow_list(sys.argv[1]))
+    sys.exit()
   print(table(sys.argv[1]))
   if os.environ.get("SHOW_SLOWEST"):
     rows = sorted((json.loads(line) for line in open(sys.argv[1])),

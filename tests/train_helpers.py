@@ -103,7 +103,9 @@ def cli_flags(overrides: dict) -> list:
 def env(devices: int = 1, compile_cache: bool = True) -> dict:
   e = dict(os.environ)
   e["PYTHONPATH"] = REPO + os.pathsep + e.get("PYTHONPATH", "")
-  e["XLA_FLAGS"] = f"--xla_force_host_platform_device_count={devices}"
+  e["XLA_FLAGS"] = " ".join(f for f in (  # the session's (conftest.py) too
+      os.environ.get("XLA_FLAGS", ""),
+      f"--xla_force_host_platform_device_count={devices}") if f)
   e["TF_CPP_MIN_LOG_LEVEL"] = "2"
   if compile_cache:
     e["JAX_COMPILATION_CACHE_DIR"] = _JAX_CACHE

@@ -72,8 +72,10 @@ def from_transformers(state_dict_or_dir,
                       image_size=None, **model_overrides):
   """Hugging Face transformers weights -> ``(model, variables)``: ``ViTModel``
   / ``ViTForImageClassification``, and the image towers ``Dinov2Model``,
-  ``CLIPVisionModel`` (or a ``CLIPModel``'s vision half) and
-  ``SiglipVisionModel`` (or a ``SiglipModel``'s).
+  ``CLIPVisionModel`` (or a ``CLIPModel``'s vision half),
+  ``SiglipVisionModel`` (or a ``SiglipModel``'s) and ``SamVisionModel``
+  (or a ``SamModel``'s vision encoder: ``forward_features`` is its neck
+  map, NHWC).
 
   ``state_dict_or_dir``: a state dict (``model.state_dict()``, or a model),
   or a directory written by ``save_pretrained`` (``config.json`` +

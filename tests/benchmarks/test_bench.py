@@ -17,7 +17,7 @@ from train_helpers import REPO  # noqa: E402
 from test_layout import _cycles  # noqa: E402
 sys.path.insert(0, REPO)
 
-from bench import ab, bench, flops, harness, machine, ops, worker  # noqa: E402  pylint: disable=wrong-import-position
+from bench import ab, bench, harness, machine, ops, worker  # noqa: E402  pylint: disable=wrong-import-position
 from vit_jax import models  # noqa: E402  pylint: disable=wrong-import-position
 
 RUN = ["--rounds", "1", "--round-seconds", "0.05", "--warmup", "0",
@@ -82,18 +82,18 @@ def test_no_import_cycle_outside_tests():
 
 
 def test_analytic_flops():
-  b16 = flops.vit_forward_flops(image_size=224, **vars(
+  b16 = machine.vit_forward_flops(image_size=224, **vars(
       models.decode_variant("vit_b_16")))
   assert b16.tokens == 197
   # The usual "17.6 GFLOPs" of ViT-B/16 counts multiply-adds.
   assert 17.4e9 < b16.total / 2 < 17.7e9
   assert 0.03 < b16.attention_fraction < 0.05
-  big = flops.vit_forward_flops(image_size=512, **vars(
+  big = machine.vit_forward_flops(image_size=512, **vars(
       models.decode_variant("vit_b_16")))
   assert big.attention_fraction > 2 * b16.attention_fraction
   v = models.decode_variant("vit_ti_16")
-  assert flops.step_flops(v, 224, "train") == 3 * flops.step_flops(v, 224,
-                                                                   "infer")
+  assert machine.step_flops(v, 224, "train") == 3 * machine.step_flops(
+      v, 224, "infer")
 
 
 def test_cpuinfo_names_the_cpu_and_its_isa():

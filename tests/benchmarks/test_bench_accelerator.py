@@ -44,7 +44,7 @@ def test_accelerator_bench_runs_on_cpu_and_says_so(tmp_path):
   cmd = [sys.executable, os.path.join(REPO, "bench", "accelerator.py"),
          "--batch", "2", "--attention", "auto", "--scan", "on", "--steps", "1",
          "--e2e-steps", "3", "--images", "16", "--jpeg-size", "40", "48",
-         "--json", str(out)]
+         "--profile", str(tmp_path / "prof"), "--json", str(out)]
   p = subprocess.run(cmd, capture_output=True, text=True, cwd=REPO,
                      check=False, timeout=900)
   assert p.returncode == 0, p.stderr[-3000:]
@@ -67,6 +67,16 @@ def test_accelerator_bench_runs_on_cpu_and_says_so(tmp_path):
   assert sorted(diffs) == ["ours float32, cpu (CPU)", "timm float32, CPU"]
   assert all(0 < d < 1e-5 for d in diffs.values()), diffs
   assert "torch_step" not in res  # only where torch has CUDA
+  # The saved trace read back: every op named by the HLO saved beside it,
+  # the GEMMs' FLOPs counted.
+  from bench import ops  # pylint: disable=import-outside-toplevel
+  groups, top = ops.read_jax_trace(str(tmp_path / "prof" / "jax"), 3)
+  assert groups["dense GEMMs"] > 0 and groups["LayerNorm"] > 0, groups
+  assert groups["optimizer"] > 0 and groups["idle (no op running)"] >= 0
+  assert set(groups) <= set(ops.GROUPS) | {"idle (no op running)"}
+  assert len(top) == 20 and all(ms > 0 for _, ms, _ in top)
+  _, _, span = ops.op_times(str(tmp_path / "prof" / "jax"))
+  assert span > 0
 
 
 def test_torch_step_rate_runs_timm_on_the_cpu_without_cuda():
@@ -91,3 +101,47 @@ def test_accelerator_without_tensorflow_says_what_it_did_not_run(
   assert "2. input pipeline alone: not run (no TensorFlow here)" in out
   assert "3. train.py end to end on the JPEG folder: not run" in out
   assert "input_pipeline" not in res and "end_to_end" not in res
+
+
+def test_trace_readers_count_gemm_flops_and_group_cuda_kernels(tmp_path):
+  """What bench/ops.py --trace reads from a GPU run: cuBLAS GEMMs in the
+  HLO (FLOPs from their shapes), cuDNN attention, torch's CUDA kernels."""
+  from bench import ops  # pylint: disable=import-outside-toplevel
+  gemm = ('  %custom-call.3 = (bf16[512,768]{1,0}, s8[4194304]{0}) '
+          'custom-call(bf16[512,3072]{1,0} %a, bf16[3072,768]{1,0} %b), '
+          'custom_call_target="__cublas$lt$matmul", backend_config={"gemm_'
+          'backend_config":{"dot_dimension_numbers":{"lhs_contracting_'
+          'dimensions":["1"],"rhs_contracting_dimensions":["0"],"lhs_batch_'
+          'dimensions":[],"rhs_batch_dimensions":[]}}}, metadata={op_name='
+          '"jit(f)/jvp(VisionTransformer)/MlpBlock_0/Dense_1/dot_general"}')
+  fmha = ('  %custom-call.4 = (bf16[8,197,12,64]{3,2,1,0}, u8[0]{0}) '
+          'custom-call(%q, %k, %v), custom_call_target="__cudnn$fmhaSoftmax",'
+          ' metadata={op_name="jit(f)/jvp(VisionTransformer)/attention"}')
+  dot = ('  ROOT %dot.1 = f32[4,6]{1,0} dot(%p, %q), lhs_contracting_dims={1}, '
+         'rhs_contracting_dims={0}, metadata={op_name="jit(f)/jvp('
+         'VisionTransformer)/Dense_0/dot_general"}')
+  instrs, _ = ops.parse_hlo("ENTRY %main (a: f32[4,5]) -> f32[4,6] {\n"
+                            "  %p = f32[4,5]{1,0} parameter(0)\n" +
+                            "\n".join((gemm, fmha, dot)) + "\n}")
+  assert instrs["custom-call.3"][0] == "dot"
+  assert instrs["custom-call.3"][3] == 2 * 512 * 768 * 3072
+  assert instrs["dot.1"][3] == 2 * 4 * 6 * 5  # lhs shape from its definition
+  assert ops.group_of(*ops._inner("custom-call.4", instrs, {})[:2]) == (  # pylint: disable=protected-access
+      "attention matmuls")
+  events = [{"ph": "X", "cat": "kernel", "name": n, "ts": t, "dur": d}
+            for n, t, d in (
+                ("sm90_xmma_gemm_bf16bf16_bf16f32_f32_tn_n", 0, 40),
+                ("pytorch_flash::flash_fwd_kernel", 40, 20),
+                ("triton_per_fused_native_layer_norm_0", 70, 10),
+                ("void at::native::vectorized_elementwise_kernel<gelu>", 80,
+                 10),
+                ("multi_tensor_apply_kernel<FusedAdamMathFunctor>", 90, 10))]
+  path = tmp_path / "torch_default.trace.json"
+  path.write_text(json.dumps({"traceEvents": events}))
+  groups, top = ops.read_torch_trace(str(path), 1)
+  assert groups["dense GEMMs"] == 40e-3 and groups["attention matmuls"] == (
+      20e-3)
+  assert groups["LayerNorm"] == groups["GELU"] == groups["optimizer"] == (
+      10e-3)
+  assert groups["idle (no op running)"] == 10e-3  # 60..70 us: nothing ran
+  assert len(top) == 5

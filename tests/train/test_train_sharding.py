@@ -9,6 +9,9 @@ import pytest
 
 from train_helpers import run_python, tiny_overrides
 
+# Every test reads one module fixture's run: one pytest-xdist worker.
+pytestmark = pytest.mark.xdist_group("sharding")
+
 _CODE = r"""
 import json, os, shutil, sys, tempfile
 sys.path.insert(0, os.path.join(os.getcwd(), "tests"))

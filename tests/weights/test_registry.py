@@ -65,7 +65,10 @@ def test_every_listed_name_is_planned():
 
 # Slow as a whole (every listed name at its real width, one per record at
 # timm's input size: the heaviest test of the suite), cheap per name.
+# One pytest-xdist worker runs them all (the fixture checks every name at
+# once, sharing weights and compiled programs).
 @pytest.mark.slow
+@pytest.mark.xdist_group("registry")
 @pytest.mark.parametrize("name", [c.name for c in PLAN])
 def test_listed_name_equals_timm(name, results, record_property):
   result = results[name]
@@ -112,6 +115,7 @@ REFUSED = {
     "vit_base_patch16_rope_mixed_224": "RoPE-Mixed",
     "eva_giant_patch14_224": "EVA-01",
     "vit_small_resnet26d_224": "CNN backbone other than BiT",
+    "samvit_base_patch16_224": "without its conv neck",
 }
 
 

@@ -24,6 +24,7 @@ import numpy as np
 
 from vit_jax.models import interpolate, kernels, naflex, relpos
 from vit_jax.models import rope as rope_lib
+from vit_jax.models import sam as sam_lib
 
 Dtype = Any
 
@@ -180,7 +181,8 @@ class BlockConfig:
   mlp_norm: bool = False
   post_norm: bool = False
   rope: Optional[str] = None
-  rel_pos_bias: Optional[str] = None
+  rel_pos_bias: Optional[str] = None  # BEiT's relative position bias
+  rel_pos: bool = False  # SAM's decomposed relative positions
 
   @classmethod
   def of(cls, module) -> "BlockConfig":
@@ -337,6 +339,11 @@ class MultiHeadDotProductAttention(nn.Module):
   with ``rel_pos_bias='block'`` this attention's own table
   (``rel_pos_bias/table``) for the input's patch grid (``grids``); the
   logits with a bias go through :func:`relpos.attention_impl`'s path.
+  ``decomposed=(grid, table)``: SAM's decomposed relative positions over
+  the tokens' (h, w) ``grid`` (a per-query bias), parameters
+  ``rel_pos_h`` / ``rel_pos_w`` made for ``table``
+  (:mod:`vit_jax.models.sam`); they take :func:`sam.attention_impl`'s path.
+  Every bias given is added to the logits, a key mask's included.
   """
 
   config: BlockConfig = BlockConfig()
@@ -345,7 +352,7 @@ class MultiHeadDotProductAttention(nn.Module):
 
   @nn.compact
   def __call__(self, inputs_q, inputs_kv=None, rope=None, mask=None,
-               rel_pos=None):
+               rel_pos=None, decomposed=None):
     cfg = self.config
     inputs_kv = inputs_q if inputs_kv is None else inputs_kv
     b, n, d = inputs_q.shape
@@ -375,6 +382,11 @@ class MultiHeadDotProductAttention(nn.Module):
     if rope is not None:
       sin, cos, kind = rope
       q, k = rope_lib.apply(q, sin, cos, kind), rope_lib.apply(k, sin, cos, kind)
+    decomposed_bias = None
+    if decomposed is not None:  # SAM's decomposed relative positions
+      grid, table = decomposed
+      rel_h, rel_w = sam_lib.rel_pos_tables(self, table, hd, cfg.param_dtype)
+      decomposed_bias = sam_lib.decomposed_bias(q, rel_h, rel_w, grid)
 
     rate = cfg.attention_dropout_rate
     use_dropout = rate > 0.0 and not self.deterministic
@@ -385,7 +397,9 @@ class MultiHeadDotProductAttention(nn.Module):
       own = relpos.RelativePositionBias(
           h, cfg.param_dtype, name="rel_pos_bias")(self.grids, n)
       rel_pos = own if rel_pos is None else rel_pos + own
-    if rel_pos is not None:
+    if decomposed_bias is not None:  # 'weights', whatever else is given
+      impl = sam_lib.attention_impl(impl, cfg.attention_impl)
+    elif rel_pos is not None:
       impl = relpos.attention_impl(impl, cfg.attention_impl)
     scale = 1.0 / math.sqrt(hd)
     if impl in ("matmul", "weights"):
@@ -393,6 +407,9 @@ class MultiHeadDotProductAttention(nn.Module):
       bias = None if mask is None else naflex.attention_bias(mask)
       if rel_pos is not None:  # (1, H, T, T), plus a key mask's bias
         bias = rel_pos[None] if bias is None else bias + rel_pos[None]
+      if decomposed_bias is not None:  # (B, H, N, N)
+        bias = (decomposed_bias if bias is None
+                else bias + decomposed_bias)
       if impl == "weights":
         weights = kernels.attention_weights(qh, kh, scale, bias).astype(
             cfg.dtype)
@@ -538,13 +555,16 @@ class Encoder1DBlock(nn.Module):
   ``rel_pos``: the shared relative position bias (heads, T, T) of
   ``rel_pos_bias='shared'``; ``grids``: the input's patch grid, for the
   attention's own table with ``rel_pos_bias='block'``
-  (:mod:`vit_jax.models.relpos`).
+  (:mod:`vit_jax.models.relpos`). ``spatial``: how a SAM block attends
+  over the patch grid (windows, decomposed relative positions;
+  :func:`vit_jax.models.sam.attend`), in place of plain attention.
   """
 
   config: BlockConfig = BlockConfig()
   use_drop_path: bool = False
   deterministic: bool = True
-  grids: Optional[relpos.Grids] = None
+  grids: Optional[relpos.Grids] = None  # BEiT: rel_pos_bias='block'
+  spatial: Optional[sam_lib.Spatial] = None  # SAM: windows, rel-pos
 
   @nn.compact
   def __call__(self, inputs, drop_path_rate=0.0, rope=None, mask=None,
@@ -566,11 +586,14 @@ class Encoder1DBlock(nn.Module):
       post = lambda name, y: y  # noqa: E731
 
     x = pre("LayerNorm_0", inputs)
-    x = MultiHeadDotProductAttention(
+    attention = MultiHeadDotProductAttention(
         cfg, deterministic=self.deterministic, grids=self.grids,
-        name="MultiHeadDotProductAttention_0")(
-            x, rope=None if rope is None else (*rope, cfg.rope), mask=mask,
-            rel_pos=rel_pos)
+        name="MultiHeadDotProductAttention_0")
+    if self.spatial is None:
+      x = attention(x, rope=None if rope is None else (*rope, cfg.rope),
+                    mask=mask, rel_pos=rel_pos)
+    else:  # SAM: within windows, with decomposed relative positions
+      x = sam_lib.attend(attention, x, self.spatial, cfg.rel_pos)
     x = nn.Dropout(cfg.dropout_rate)(x, deterministic=self.deterministic)
     x = drop_path(scale(post("LayerNorm_0", x))) + inputs
 
@@ -724,7 +747,9 @@ class Encoder(nn.Module):
   position embedding is a ``naflex_grid`` grid (``posembed_input/
   pos_grid``) resized to each image's patch grid, added to the patch
   tokens only (timm's NaFlexEmbeds); a NaFlex batch's ``valid`` mask keeps
-  its padding out of every attention.
+  its padding out of every attention. ``window_size`` /
+  ``global_attn_indexes`` (with the block record's ``rel_pos``): SAM's
+  windowed blocks and relative positions (:mod:`vit_jax.models.sam`).
   """
 
   block: BlockConfig
@@ -749,6 +774,8 @@ class Encoder(nn.Module):
   naflex_square: bool = False
   naflex_align_corners: bool = False
   naflex_grid: Tuple[int, int] = (16, 16)
+  window_size: int = 0  # SAM: windowed attention but in the global blocks
+  global_attn_indexes: Tuple[int, ...] = ()
 
   def _rope_tables(self, grid, num_prefix: int, hidden: int, train: bool):
     if self.block.rope is None:
@@ -857,8 +884,14 @@ class Encoder(nn.Module):
       block_outputs = [outs[i] for i in range(self.num_layers)]
     else:
       block_outputs = []
+      spatial = None
+      if sam_lib.uses_grid(self.window_size, self.block.rel_pos):
+        spatial = sam_lib.block_spatial(
+            self.num_layers, grid, self.base_grid, self.window_size,
+            self.global_attn_indexes, self.block.rel_pos)
       for i in range(self.num_layers):
-        block = block_cls(name=f"encoderblock_{i}", **kwargs)
+        block = block_cls(name=f"encoderblock_{i}", **kwargs, **(
+            {} if spatial is None else {"spatial": spatial[i]}))
         if rel_pos is not None:
           x, _ = block(x, float(rates[i]), rope, mask, rel_pos)
         elif mask is None:

@@ -138,7 +138,8 @@ def get_model(name_or_arch: Union[str, Variant, Mapping[str, Any]],
         for c in kwargs["conv_stem"])
   if kwargs.get("resnet") is not None:  # a record (JSON) or stage depths
     kwargs["resnet"] = resnet_lib.as_config(kwargs["resnet"])
-  for key in ("rope_ref_grid", "image_size", "naflex_grid"):  # JSON: lists
+  for key in ("rope_ref_grid", "image_size", "naflex_grid",  # JSON: lists
+              "global_attn_indexes"):
     if isinstance(kwargs.get(key), list):
       kwargs[key] = tuple(kwargs[key])
   return VisionTransformer(**kwargs)
@@ -212,7 +213,7 @@ def arch_record(model) -> dict:
         c, ConvStemConfig) else list(c) for c in arch["conv_stem"]]
   if arch.get("resnet") is not None:
     arch["resnet"] = resnet_lib.as_config(arch["resnet"]).record()
-  for key in ("rope_ref_grid", "naflex_grid"):
+  for key in ("rope_ref_grid", "naflex_grid", "global_attn_indexes"):
     if arch.get(key) is not None:
       arch[key] = list(arch[key])
   return arch

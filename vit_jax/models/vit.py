@@ -63,7 +63,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from vit_jax.models import naflex as naflex_lib, resnet as resnet_lib
-from vit_jax.models import relpos, rope as rope_lib
+from vit_jax.models import relpos, rope as rope_lib, sam as sam_lib
 from vit_jax.models.layers import (  # noqa: F401  (re-exported building blocks)
     LN_EPS, NORMS, AddPositionEmbs, BlockConfig, Dense, Encoder, Encoder1DBlock,
     LayerNorm, MAPHead, MlpBlock, MultiHeadDotProductAttention, PatchEmbed, RMSNorm,
@@ -241,6 +241,23 @@ class VisionTransformer(nn.Module):
       masked out of every attention and of the pooling. NHWC images work
       too (one grid for the batch, no mask). See :mod:`vit_jax.models.naflex`.
 
+  Segment Anything's image encoder (timm's ``samvit_*``; ViTDet), whose
+  options attend over the patch grid (no prefix tokens; see
+  :mod:`vit_jax.models.sam`):
+
+    window_size: attention within non-overlapping windows of this many
+      patches a side (the grid zero-padded to a multiple), in every block
+      but those of ``global_attn_indexes`` (0: global everywhere).
+    global_attn_indexes: the blocks (0-based) that attend globally.
+    rel_pos: decomposed relative positions added to every attention's
+      logits: parameters ``rel_pos_h`` / ``rel_pos_w`` (2 * S - 1, head
+      width) in each attention, S the window or the patch grid
+      ``image_size`` gives (else the input's at ``init``).
+    neck_chans: SAM's neck to this many channels after the blocks
+      (``neck/{Conv_0, LayerNorm_0, Conv_1, LayerNorm_1}``):
+      :meth:`forward_features` returns its (B, h, w, C) map, which the head
+      pools by its mean.
+
   ``image_size`` not a multiple of the patch (SigLIP so400m/14 at 384): the
   patch convolution leaves the last pixels out, as timm's and torchvision's
   do; only inputs of exactly that size are accepted.
@@ -311,6 +328,10 @@ class VisionTransformer(nn.Module):
   naflex_square: bool = False
   naflex_align_corners: bool = False
   naflex_grid: Tuple[int, int] = (16, 16)
+  window_size: int = 0
+  global_attn_indexes: Tuple[int, ...] = ()
+  rel_pos: bool = False
+  neck_chans: Optional[int] = None
 
   @property
   def has_class_token(self) -> bool:
@@ -376,6 +397,7 @@ class VisionTransformer(nn.Module):
                          "abs_pos_embed=True)")
     if self.resnet is not None:
       self._check_resnet()
+    sam_lib.check(self)
     if self.conv_stem:
       stride = int(np.prod([c.stride for c in self.conv_stem]))
       if stride != self.patch_size:
@@ -500,6 +522,9 @@ class VisionTransformer(nn.Module):
               "kernel": nn.initializers.lecun_normal()(key, (d, r),
                                                        self.param_dtype),
               "bias": jnp.zeros((r,), self.param_dtype)})
+    if self.neck_chans:  # SAM's neck
+      self.neck = sam_lib.Neck(self.neck_chans, dtype=self.dtype,
+                               param_dtype=self.param_dtype)
     if self.num_classes and self.classifier != "unpooled":
       head = functools.partial(
           nn.Dense, self.num_classes, dtype=self.dtype,
@@ -612,14 +637,21 @@ class VisionTransformer(nn.Module):
     A NaFlex dict -> ``{'patches': (B, prefix + N, D), 'patch_valid':
     (B, N)}`` as timm's: every token, the padding's included (whatever the
     padding computes; it never changes the valid tokens), and the mask.
-    :meth:`forward_head` takes either."""
-    encoded, blocks, _, valid = self._encode(images, train)
+    With SAM's neck (``neck_chans``): the neck's (B, h, w, C) map (timm's
+    NCHW map, transposed). :meth:`forward_head` takes any of them."""
+    encoded, blocks, grid, valid = self._encode(images, train)
     for i, y in enumerate(blocks):
       self.sow("intermediates", f"block{i:02d}", y)
     self.sow("intermediates", "encoded", encoded)
     if valid is not None:
       return {"patches": encoded, "patch_valid": valid}
+    if self.neck_chans:  # SAM: the neck's (B, h, w, C) map
+      return self._neck_map(encoded, grid)
     return encoded
+
+  def _neck_map(self, tokens, grid):
+    """Patch tokens (B, h*w, D) -> SAM's neck's (B, h, w, C) map."""
+    return self.neck(tokens.reshape(tokens.shape[0], *grid, tokens.shape[-1]))
 
   def forward_intermediates(
       self, images, *, indices: Union[None, int, Sequence[int]] = None,
@@ -670,12 +702,17 @@ class VisionTransformer(nn.Module):
                                                 norm_taken=norm)
     if valid is not None:
       encoded = {"patches": encoded, "patch_valid": valid}
+    elif self.neck_chans:  # SAM: the final features are the neck's map
+      encoded = self._neck_map(encoded, grid)
     p = self.num_prefix_tokens
     out: List[Any] = []
     for y in blocks:
       tokens = y[:, p:]
+      if norm and self.neck_chans:  # timm: SAM's neck is its norm
+        tokens = self._neck_map(tokens, grid).reshape(
+            y.shape[0], -1, self.neck_chans)
       if output_fmt != "NLC":
-        tokens = tokens.reshape(y.shape[0], *grid, y.shape[-1])
+        tokens = tokens.reshape(y.shape[0], *grid, tokens.shape[-1])
         if output_fmt == "NCHW":
           tokens = tokens.transpose(0, 3, 1, 2)
       out.append((tokens, y[:, :p]) if return_prefix_tokens and p else tokens)
@@ -717,6 +754,8 @@ class VisionTransformer(nn.Module):
       encoded, valid = encoded["patches"], encoded["patch_valid"]
     if self.classifier == "unpooled":
       return encoded
+    if encoded.ndim == 4:  # SAM's neck's (B, h, w, C) map
+      encoded = encoded.reshape(encoded.shape[0], -1, encoded.shape[-1])
     if self.distilled:
       return self._distilled_head(encoded, pre_logits, train)
     x = self.pool(encoded, valid)

@@ -73,6 +73,11 @@ _NAME_DECIDES = {
                  "an Eva model's (LayerScale gamma_1, q_bias / v_bias or "
                  "separate q_proj), whose rotary position embedding the name "
                  "must give."),
+    "timm_sam": ("window_size", layouts.SAM_NEEDS_A_NAME,
+                 "is not a timm name of SAM's image encoder (samvit_*), and "
+                 "these weights are a VisionTransformerSAM's (a neck, "
+                 "rel-pos tables): " + layouts.SAM_NEEDS_A_NAME.split(
+                     ". ", 1)[1]),
     "timm_naflex": ("naflex", layouts.NAFLEX_NEEDS_A_NAME,
                     "is not a timm NaFlexVit name (naflexvit_*), and these "
                     "weights are a NaFlexVit's (embeds.*): "
@@ -149,6 +154,8 @@ _SHOWN = (
     ("a NaFlex position grid", lambda a: a.get("naflex") is not None),
     ("a conv stem", lambda a: bool(a.get("conv_stem"))),
     ("relative position bias", lambda a: a.get("rel_pos_bias") or "none"),
+    ("relative positions", lambda a: bool(a.get("rel_pos"))),
+    ("a SAM neck", lambda a: bool(a.get("neck_chans"))),
 )
 # What only the name decides, compared where the weights come with a record
 # of it (a training checkpoint, our safetensors).
@@ -381,6 +388,9 @@ def _arch(variables, name, overrides, hints, image_size_hint=None):
       field, sub = k.split(".", 1)
       if arch.get(field) is not None:
         arch[field] = dataclasses.replace(arch[field], **{sub: v})
+    elif k in ("window_size", "global_attn_indexes") and arch.get(
+        "window_size"):
+      continue  # SAM's rel-pos tables showed them: the weights decide
     elif k != "num_heads":
       arch[k] = v
   if arch.get("classifier") == "token":  # the class token is required: a

@@ -56,7 +56,9 @@ def expected(model, image_size=None) -> dict:
 
   h, w = models.pair(image_size or model.image_size or 224)
   x = jax.ShapeDtypeStruct((1, h, w, model.num_channels), jnp.float32)
-  ref = model.clone(scan_layers=True, remat_policy=None)
+  # SAM's windowed and global blocks differ: traced one by one.
+  scan = not (model.window_size or model.rel_pos)
+  ref = model.clone(scan_layers=scan, remat_policy=None)
   if model.image_size is not None and not model.dynamic_img_size:
     ref = ref.clone(image_size=(h, w))
   tree = jax.eval_shape(lambda x: ref.init(jax.random.key(0), x, train=False),

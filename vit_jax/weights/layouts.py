@@ -18,7 +18,7 @@ import numpy as np
 
 from vit_jax.models import resnet as resnet_lib
 from vit_jax.weights.mapping import (
-    DENSE, GRID_ROWS, HEADS, HEADS_BIAS, LINEAR_PATCH, RAW, Layout, Repeat,
+    DENSE, GRID_ROWS, GRID_TOKENS, HEADS, HEADS_BIAS, LINEAR_PATCH, RAW, Layout, Repeat,
     Row, const, conv, dense, expand, fused_qkv, norm, out_proj, part,
     split_qkv, zeros)
 
@@ -332,9 +332,49 @@ TIMM_BEIT = Layout("timm_beit", rows=(
    ignored=r"relative_position_index$")
 
 
+# timm's VisionTransformerSAM (Segment Anything's image encoder, timm's
+# samvit_*): a (1, H, W, D) position grid, the decomposed rel-pos tables of
+# each attention, the conv neck, a ClassifierHead (head.fc). SAM's own
+# checkpoints (sam_vit_*.pth: image_encoder.*, mlp.lin1 / lin2, beside the
+# prompt encoder and mask decoder) are renamed as timm's checkpoint_filter_fn.
+_SAM_RE = re.compile(r"^(neck\.|blocks\.\d+\.attn\.rel_pos_h$)")
+TIMM_SAM = Layout("timm_sam", rows=(
+    Row("pos_embed", (POS,), GRID_TOKENS),
+    *conv("patch_embed.proj.", "params/embedding"),
+    *norm("norm_pre.", "params/Transformer/pre_norm"),
+    Repeat((
+        *norm(_TM + "norm1.", E + "LayerNorm_0"),
+        Row(_TM + "attn.rel_pos_h", (ATTN + "/rel_pos_h",)),
+        Row(_TM + "attn.rel_pos_w", (ATTN + "/rel_pos_w",)),
+        *fused_qkv(_TM + "attn.qkv.weight", _TM + "attn.qkv.bias", ATTN),
+        *norm(_TM + "attn.q_norm.", ATTN + "/query_ln"),
+        *norm(_TM + "attn.k_norm.", ATTN + "/key_ln"),
+        *out_proj(_TM + "attn.proj.", ATTN),
+        Row(_TM + "ls1.gamma", (E + "LayerScale_0/scale",)),
+        *norm(_TM + "norm2.", E + "LayerNorm_1"),
+        *dense(_TM + "mlp.fc1.", E + "MlpBlock_0/Dense_0"),
+        *dense(_TM + "mlp.fc2.", E + "MlpBlock_0/Dense_1"),
+        Row(_TM + "ls2.gamma", (E + "LayerScale_1/scale",)),
+    )),
+    *conv("neck.0.", "params/neck/Conv_0")[:1],
+    *norm("neck.1.", "params/neck/LayerNorm_0"),
+    *conv("neck.2.", "params/neck/Conv_1")[:1],
+    *norm("neck.3.", "params/neck/LayerNorm_1"),
+    *dense("head.fc.", "params/head"),
+), aliases=((r"^module\.", ""), (r"^image_encoder\.", ""),
+            (r"\.mlp\.lin([12])\.", r".mlp.fc\1.")),
+   ignored=r"^(prompt_encoder|mask_decoder)\.|^pixel_(mean|std)$",
+   resample="timm", unsupported=(
+    ("neck.weight", "SAM's ViT without its conv neck (a channel LayerNorm "
+     "of epsilon 1e-6 after blocks of 1e-5: timm's samvit_base_patch16_224, "
+     "without released weights)"),
+))
+
+
 def timm_layout(keys) -> str:
   """``'timm_naflex'`` for NaFlexVit's ``embeds.*``; ``'timm_beit'`` for
-  BEiT's relative position tables; ``'timm_eva'`` for
+  BEiT's relative position tables; ``'timm_sam'`` for
+  VisionTransformerSAM's neck or rel-pos tables; ``'timm_eva'`` for
   keys only timm's Eva has (LayerScale ``gamma_1``, ``q_bias`` /
   ``v_bias``, separate ``q_proj``); else ``'timm'``."""
   keys = list(keys)
@@ -344,6 +384,8 @@ def timm_layout(keys) -> str:
                     r"relative_position_bias_table$")  # not Swin's layers.*
   if any(beit.match(k) for k in keys):
     return "timm_beit"
+  if any(_SAM_RE.match(re.sub(r"^image_encoder\.", "", k)) for k in keys):
+    return "timm_sam"
   eva = re.compile(r"^blocks\.\d+\.(gamma_1|attn\.q_bias|attn\.q_proj\.)")
   return "timm_eva" if any(eva.match(k) for k in keys) else "timm"
 
@@ -351,7 +393,8 @@ def timm_layout(keys) -> str:
 def timm_layout_of(flat) -> str:
   """The timm class a tree of ours loads into: ``'timm_naflex'`` for a
   NaFlex position grid (NaFlexVit); ``'timm_beit'`` for relative position
-  tables (Beit); ``'timm_eva'`` where only Eva can hold
+  tables (Beit); ``'timm_sam'`` for SAM's neck or decomposed rel-pos
+  tables (VisionTransformerSAM); ``'timm_eva'`` where only Eva can hold
   it (no learned position embedding: DINOv3; a query bias without a key
   bias; LayerScale with a norm before the blocks: PE), else ``'timm'``
   (VisionTransformer)."""
@@ -360,6 +403,9 @@ def timm_layout_of(flat) -> str:
     return "timm_naflex"
   if any(k.endswith(REL_TABLE) for k in keys):
     return "timm_beit"
+  if any(k.startswith("params/neck/") or k.endswith("/rel_pos_h")
+         for k in keys):
+    return "timm_sam"
   if not any("posembed_input" in k for k in keys):
     return "timm_eva"
   if (any(k.endswith("MultiHeadDotProductAttention_0/query/bias")
@@ -652,11 +698,38 @@ TRANSFORMERS_DATA2VEC_VISION = Layout(
     aliases=((r"^module\.", ""), (r"^data2vec_vision\.", "")),
     ignored=_HF_BEIT_IGNORED)
 
+# transformers' SAM image encoder (SamVisionModel, or a SamModel's
+# vision_encoder): timm's SAM under other names, no head; the blocks' norm
+# epsilon is the config's (1e-6), the neck's 1e-6.
+_HFS = "vision_encoder.layers.{i}."
+_HFN = "vision_encoder.neck."
+TRANSFORMERS_SAM = Layout("transformers_sam", rows=(
+    Row("vision_encoder.pos_embed", (POS,), GRID_TOKENS),
+    *conv("vision_encoder.patch_embed.projection.", "params/embedding"),
+    Repeat((
+        *norm(_HFS + "layer_norm1.", E + "LayerNorm_0"),
+        Row(_HFS + "attn.rel_pos_h", (ATTN + "/rel_pos_h",)),
+        Row(_HFS + "attn.rel_pos_w", (ATTN + "/rel_pos_w",)),
+        *fused_qkv(_HFS + "attn.qkv.weight", _HFS + "attn.qkv.bias", ATTN),
+        *out_proj(_HFS + "attn.proj.", ATTN),
+        *norm(_HFS + "layer_norm2.", E + "LayerNorm_1"),
+        *dense(_HFS + "mlp.lin1.", E + "MlpBlock_0/Dense_0"),
+        *dense(_HFS + "mlp.lin2.", E + "MlpBlock_0/Dense_1"),
+    )),
+    *conv(_HFN + "conv1.", "params/neck/Conv_0")[:1],
+    *norm(_HFN + "layer_norm1.", "params/neck/LayerNorm_0"),
+    *conv(_HFN + "conv2.", "params/neck/Conv_1")[:1],
+    *norm(_HFN + "layer_norm2.", "params/neck/LayerNorm_1"),
+), aliases=((r"^module\.", ""),),
+   ignored=r"^(shared_image_embedding|prompt_encoder|mask_decoder)\.")
+
 LAYOUTS = {layout.name: layout for layout in (
-    TORCHVISION, TIMM, TIMM_EVA, TIMM_BEIT, TIMM_NAFLEX, TRANSFORMERS_VIT,
+    TORCHVISION, TIMM, TIMM_EVA, TIMM_BEIT, TIMM_NAFLEX, TIMM_SAM,
+    TRANSFORMERS_VIT,
     TRANSFORMERS_DINOV2, TRANSFORMERS_DINOV2_REG, TRANSFORMERS_DINOV3,
     TRANSFORMERS_CLIP, TRANSFORMERS_SIGLIP, TRANSFORMERS_SIGLIP2,
-    TRANSFORMERS_AIMV2, TRANSFORMERS_BEIT, TRANSFORMERS_DATA2VEC_VISION)}
+    TRANSFORMERS_AIMV2, TRANSFORMERS_BEIT, TRANSFORMERS_DATA2VEC_VISION,
+    TRANSFORMERS_SAM)}
 # transformers' model_type -> the layout of its weights.
 HF_MODEL_TYPES = {"vit": "transformers", "dinov2": "transformers_dinov2",
                   "dinov2_with_registers": "transformers_dinov2_reg",
@@ -670,7 +743,9 @@ HF_MODEL_TYPES = {"vit": "transformers", "dinov2": "transformers_dinov2",
                   "aimv2": "transformers_aimv2",
                   "aimv2_vision_model": "transformers_aimv2",
                   "beit": "transformers_beit",
-                  "data2vec-vision": "transformers_data2vec_vision"}
+                  "data2vec-vision": "transformers_data2vec_vision",
+                  "sam": "transformers_sam",
+                  "sam_vision_model": "transformers_sam"}
 
 
 def transformers_layout_of(arch: Mapping[str, Any]) -> str:
@@ -678,11 +753,14 @@ def transformers_layout_of(arch: Mapping[str, Any]) -> str:
   trees.arch_of`) exports to: SigLIP for a MAP head, CLIP for a norm before
   the blocks, AIMv2 for RMSNorm, DINOv3 for RoPE (no position embedding),
   DINOv2 with registers / DINOv2 for LayerScale, else ViT; SigLIP 2's
-  NaFlex tower for a NaFlex model; BEiT's for a relative position bias."""
+  NaFlex tower for a NaFlex model; BEiT's for a relative position bias;
+  SAM's (SamVisionModel) for its neck, windows or relative positions."""
   if arch.get("rel_pos_bias"):
     return "transformers_beit"
   if arch.get("naflex"):
     return "transformers_siglip2"
+  if arch.get("neck_chans") or arch.get("rel_pos") or arch.get("window_size"):
+    return "transformers_sam"
   if arch.get("classifier") == "map":
     return "transformers_siglip"
   if arch.get("pre_norm"):
@@ -708,6 +786,8 @@ def transformers_layout(config: Optional[Mapping[str, Any]]) -> Optional[str]:
 # (a key that only this layout has, the layout), first match wins; keys are
 # read without a wrapper's prefix.
 _SIGNATURES = (
+    (r"^vision_encoder\.(neck\.|patch_embed\.projection\.)",
+     "transformers_sam"),
     (r"^(class_token$|conv_proj\.|encoder\.layers\.encoder_layer_)",
      "torchvision"),
     (r"^embeddings\.class_embedding$", "transformers_clip"),
@@ -742,7 +822,8 @@ def detect(keys) -> Optional[str]:
   timm's two classes are one answer, ``'timm'``: :func:`timm_layout` tells
   them apart."""
   keys = [re.sub(r"^(module|vision_model|vit|dinov2(_with_registers)?|"
-                 r"dinov3|beit|data2vec_vision)\.", "", k) for k in keys]
+                 r"dinov3|beit|data2vec_vision|image_encoder)\.", "", k)
+          for k in keys]
   for pattern, layout in _SIGNATURES:
     if any(re.search(pattern, k) for k in keys):
       return layout
@@ -794,7 +875,7 @@ TIMM_SIZES = {
 }
 _TIMM_NAME = re.compile(
     r"^(?P<family>vit_pe_(?:core|lang|spatial)|vit|naflexvit|deit3|deit|"
-    r"eva02|aimv2|beitv2|beit3|beit)_"
+    r"eva02|aimv2|beitv2|beit3|beit|samvit)_"
     r"(?P<size>[a-z0-9]+?(?:_plus)?)(?P<distilled>_distilled)?"
     r"_patch(?P<patch>\d+)(?P<rest>_[a-z0-9_]*)?$")
 # The R50+ViT hybrids: vit_{size}_r{resnet depth}_s{stride}[_p{patch}]_{res}.
@@ -812,7 +893,7 @@ _FAMILY_WIDTHS = (
 )
 # The resolution a name without one stands for (timm's pretrained configs).
 _FAMILY_SIZES = ((r"dinov2", 518), (r"_dinov3", 256), (r"_radio_v\d", 512),
-                 (r"^naflexvit_", 384))
+                 (r"^naflexvit_", 384), (r"^samvit_", 1024))
 
 # (pattern on the name, fields) in order; later matches override earlier.
 TIMM_FAMILIES = (
@@ -874,6 +955,13 @@ TIMM_FAMILIES = (
     (r"^naflexvit_.*_radio_v\d", dict(naflex="bilinear", naflex_square=True)),
     (r"^naflexvit_(base|huge)_patch16_radio_v3",
      dict(naflex_align_corners=True)),
+    # SAM (timm's VisionTransformerSAM): windows of 14 patches but in the
+    # global blocks (which the weights' rel-pos tables show where the grid
+    # is not the window: those win), torch's LayerNorm epsilon.
+    (r"^samvit_", dict(window_size=14, layer_norm_eps=1e-5)),
+    (r"^samvit_base", dict(global_attn_indexes=(2, 5, 8, 11))),
+    (r"^samvit_large", dict(global_attn_indexes=(5, 11, 17, 23))),
+    (r"^samvit_huge", dict(global_attn_indexes=(7, 15, 23, 31))),
 )
 # Names whose RoPE reference grid is their own native patch grid.
 _REF_IS_NATIVE = r"^vit_pe_"
@@ -884,32 +972,25 @@ _RADIO = r"_radio_v\d"
 _RADIO_ALIGN_CORNERS = r"^vit_(base|huge)_patch16_radio_v3"
 
 # What a family's weights expect (timm's pretrained_cfg defaults).
-TIMM_PREPROCESSING = (
-    (r"_dinov2", dict(mean="imagenet", interpolation="bicubic", crop_pct=1.0)),
-    (r"_dinov3", dict(mean="imagenet", interpolation="bicubic", crop_pct=1.0)),
-    (r"^eva02_.*(_clip_|_224$)", dict(mean="openai_clip",
-                                      interpolation="bicubic", crop_pct=0.9)),
-    (r"^eva02_", dict(mean="openai_clip", interpolation="bicubic",
-                      crop_pct=1.0)),
-    (r"^vit_pe_", dict(mean="half", interpolation="bicubic", crop_pct=1.0)),
-    (r"^aimv2_", dict(mean="openai_clip", interpolation="bicubic",
-                      crop_pct=1.0)),
-    (r"_radio_v\d", dict(mean="openai_clip", interpolation="bicubic",
-                         crop_pct=1.0)),
-    (r"_clip_", dict(mean="openai_clip", interpolation="bicubic", crop_pct=1.0)),
-    (r"^vit_so400m_patch14_siglip_384", dict(mean="half",
-                                             interpolation="bicubic",
-                                             crop_pct=0.9)),
-    (r"_siglip", dict(mean="half", interpolation="bicubic", crop_pct=1.0)),
-    (r"^deit3_.*_384", dict(mean="imagenet", interpolation="bicubic",
-                            crop_pct=1.0)),
-    (r"^deit_.*_384", dict(mean="imagenet", interpolation="bicubic",
-                           crop_pct=1.0)),
-    (r"^deit", dict(mean="imagenet", interpolation="bicubic", crop_pct=0.875)),
-    (r"^beit3_", dict(mean="imagenet", interpolation="bicubic", crop_pct=1.0)),
-    (r"^beitv2_", dict(mean="imagenet", interpolation="bicubic",
-                       crop_pct=0.9)),
-)
+TIMM_PREPROCESSING = tuple(
+    (pattern, dict(mean=mean, interpolation="bicubic", crop_pct=crop_pct))
+    for pattern, mean, crop_pct in (
+        (r"_dinov2", "imagenet", 1.0),
+        (r"_dinov3", "imagenet", 1.0),
+        (r"^eva02_.*(_clip_|_224$)", "openai_clip", 0.9),
+        (r"^eva02_", "openai_clip", 1.0),
+        (r"^vit_pe_", "half", 1.0),
+        (r"^aimv2_", "openai_clip", 1.0),
+        (r"_radio_v\d", "openai_clip", 1.0),
+        (r"_clip_", "openai_clip", 1.0),
+        (r"^vit_so400m_patch14_siglip_384", "half", 0.9),
+        (r"_siglip", "half", 1.0),
+        (r"^deit3_.*_384", "imagenet", 1.0),
+        (r"^deit_.*_384", "imagenet", 1.0),
+        (r"^deit", "imagenet", 0.875),
+        (r"^beit3_", "imagenet", 1.0),
+        (r"^beitv2_", "imagenet", 0.9),
+        (r"^samvit_", "imagenet", 1.0)))
 
 
 def parse_timm_name(name: str) -> Optional[Dict[str, Any]]:
@@ -975,6 +1056,9 @@ TIMM_UNSUPPORTED = (
                                    "load)"),
     (r"^naflexvit_.*_parfac_", "a factorized NaFlex position embedding "
                                "(timm's pos_embed='factorized')"),
+    (r"^samvit_base_patch16_224$", "SAM's ViT without its conv neck (a "
+                                   "channel LayerNorm of epsilon 1e-6 after "
+                                   "blocks of 1e-5; no released weights)"),
 )
 
 
@@ -999,8 +1083,14 @@ def refuse_unsupported_timm(name: str, error=ValueError) -> None:
         f"DINOv2 (incl. giant), DINOv3, EVA-02 (T/S/B/L, CLIP B/L), "
         f"Perception Encoder, AIMv2, CLIP, SigLIP / SigLIP 2 (incl. "
         f"NaFlex), C-RADIO (incl. NaFlex), timm's NaFlexVit, BEiT / BEiT "
-        f"v2 / BEiT-3.")
+        f"v2 / BEiT-3, SAM's image encoder (samvit_*).")
 
+
+SAM_NEEDS_A_NAME = (
+    "These are the weights of timm's VisionTransformerSAM (Segment "
+    "Anything's image encoder: a neck, rel-pos tables), whose window size, "
+    "global blocks and LayerNorm epsilon the weights do not fully show. Pass "
+    "the timm name, e.g. 'samvit_base_patch16' (in the CLIs: --model).")
 
 NAFLEX_NEEDS_A_NAME = (
     "These are the weights of a timm NaFlexVit (embeds.*), whose resize of "
@@ -1088,7 +1178,8 @@ _HF_DEFAULTS = {"transformers": ("gelu", 1e-12),
                 "transformers_siglip2": ("gelu_pytorch_tanh", 1e-6),
                 "transformers_aimv2": ("silu", 1e-5),
                 "transformers_beit": ("gelu", 1e-12),
-                "transformers_data2vec_vision": ("gelu", 1e-12)}
+                "transformers_data2vec_vision": ("gelu", 1e-12),
+                "transformers_sam": ("gelu", 1e-6)}
 
 
 def transformers_hints(config: Mapping[str, Any], layout: str) -> Dict[str, Any]:
@@ -1126,6 +1217,10 @@ def transformers_hints(config: Mapping[str, Any], layout: str) -> Dict[str, Any]
         out[field] = float(value)
   if layout == "transformers_dinov2_reg":
     out["no_embed_registers"] = True
+  if layout == "transformers_sam":  # SamVisionConfig's defaults
+    out.update(window_size=int(config.get("window_size", 14)),
+               global_attn_indexes=tuple(int(i) for i in config.get(
+                   "global_attn_indexes", (2, 5, 8, 11))))
   if layout == "transformers_siglip2":  # its resize of the position table
     out["naflex"] = "bilinear_aa"
   if layout in ("transformers_beit", "transformers_data2vec_vision"):

@@ -115,6 +115,22 @@ GRID_ROWS = Op("grid_rows", _rows_to_grid,
                lambda s: (s[0][1] * s[0][2], s[0][3]))
 
 
+def _square_side(n: int) -> int:
+  side = int(round(np.sqrt(n)))
+  if side * side != n:
+    raise ValueError(f"{n} position rows are not a square grid")
+  return side
+
+
+# A (1, H, W, D) position grid (timm's SAM ``pos_embed``) <-> our patch
+# rows (1, H*W, D), row-major; back to theirs as a square.
+GRID_TOKENS = Op(
+    "grid_tokens", lambda x, h: [x.reshape(1, -1, x.shape[-1])],
+    lambda o: o[0].reshape(1, _square_side(o[0].shape[1]), -1,
+                           o[0].shape[-1]),
+    lambda s: (1, _square_side(s[0][1]), _square_side(s[0][1]), s[0][2]))
+
+
 def fused(op: Op, n: int) -> Op:
   """``n`` of ours concatenated along their first axis (timm's ``qkv``,
   torchvision's ``in_proj_weight``, the MAP head's ``kv``)."""

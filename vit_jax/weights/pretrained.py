@@ -180,7 +180,7 @@ def list_names(pattern: str = "*", pretrained: bool = False,
 # --------------------------------------------------------------------------- #
 
 FAMILY_PATTERNS = ("vit_*", "deit*", "eva02_*", "aimv2_*", "naflexvit_*",
-                   "beit*")
+                   "beit*", "samvit_*")
 
 
 def _timm_architectures(patterns: Sequence[str] = FAMILY_PATTERNS,
@@ -228,6 +228,8 @@ def _timm_architectures(patterns: Sequence[str] = FAMILY_PATTERNS,
       if getattr(m, option, False) or getattr(getattr(
           m, "patch_embed", None), option, False):
         arch[option] = True
+    if type(m).__name__ == "VisionTransformerSAM":  # resamples in forward
+      arch["dynamic_img_size"] = True
     same = lambda a, b: (list(a) == list(b) if isinstance(  # noqa: E731
         a, (list, tuple)) and isinstance(b, (list, tuple)) else a == b)
     out[name] = {k: v for k, v in arch.items()

@@ -44,8 +44,11 @@ def to_state_dict(variables, layout: str
   for ``pre_logits``) or one of the transformers towers by name
   (``'transformers_dinov2'``, ``'transformers_dinov2_reg'``,
   ``'transformers_dinov3'``, ``'transformers_clip'``,
-  ``'transformers_siglip'``, ``'transformers_aimv2'``). ``'timm'`` is
-  VisionTransformer's or Eva's names, as the tree needs
+  ``'transformers_siglip'``, ``'transformers_aimv2'``,
+  ``'transformers_beit'``, ``'transformers_data2vec_vision'`` (with a head
+  under ``beit.`` / ``data2vec_vision.``), ``'transformers_sam'``).
+  ``'timm'`` is VisionTransformer's, Eva's, Beit's or
+  VisionTransformerSAM's names, as the tree needs
   (:func:`vit_jax.weights.layouts.timm_layout_of`)."""
   variables = trees.wrap(trees.unstack_layers(trees.wrap(variables)))
   if layout == "transformers":

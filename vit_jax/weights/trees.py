@@ -227,6 +227,8 @@ def arch_of(variables, *, conv_stem=None, patch_size=None,
   arch["representation_size"] = (int(np.shape(rep)[-1]) if rep is not None
                                  else None)
 
+  arch.update(_sam_of(p, tr, depth, arch["patch_size"], image_size))
+
   # The position embedding has a row per patch, and one per prefix token
   # unless the prefix tokens get none (no_embed_class), or only the class
   # token does (transformers' DINOv2 with registers).
@@ -258,6 +260,59 @@ def arch_of(variables, *, conv_stem=None, patch_size=None,
         not _is_square(rows - prefix)))):
     arch["no_embed_registers"] = True
   return arch
+
+
+def _sam_of(p, tr, depth: int, patch: int, image_size) -> Dict[str, Any]:
+  """SAM's fields a tree shows: ``neck_chans`` (the neck's width),
+  ``rel_pos`` (tables in the attention), and ``window_size`` /
+  ``global_attn_indexes`` where the tables show them: a global block's
+  have ``2 * g - 1`` rows for the patch grid ``g`` the model was made for
+  (the square of the position embedding's rows, else ``image_size``'s),
+  a windowed block's ``2 * window - 1``. Where every table is the grid's
+  (a window as large as the grid: the same function at that size) no
+  window is read (a name gives it)."""
+  out: Dict[str, Any] = dict(window_size=0, global_attn_indexes=(),
+                             rel_pos=False, neck_chans=None)
+  conv = p.get("neck", {}).get("Conv_0", {}).get("kernel")
+  if conv is not None:
+    out["neck_chans"] = int(np.shape(conv)[-1])
+  stacked = tr.get("encoderblock", {}).get("MultiHeadDotProductAttention_0",
+                                          {})
+  if "rel_pos_h" in stacked:  # scanned: tables of one length in every block
+    out["rel_pos"] = True
+    return out
+  rows = []
+  for i in range(depth):
+    attn = tr.get(f"encoderblock_{i}", {}).get(
+        "MultiHeadDotProductAttention_0", {})
+    if "rel_pos_h" not in attn or "rel_pos_w" not in attn:
+      break
+    rows.append((int(np.shape(attn["rel_pos_h"])[0]),
+                 int(np.shape(attn["rel_pos_w"])[0])))
+  if not rows:
+    return out
+  out["rel_pos"] = True
+  grid = None
+  pos = tr.get("posembed_input", {}).get("pos_embedding")
+  if pos is not None and "cls" not in p and _is_square(np.shape(pos)[1]):
+    side = int(round(np.sqrt(np.shape(pos)[1])))
+    grid = (side, side)
+  elif image_size is not None:
+    h, w = models.pair(image_size)
+    grid = (h // patch, w // patch)
+  if grid is None or len(rows) != depth:
+    return out
+  full = (2 * grid[0] - 1, 2 * grid[1] - 1)
+  windowed = {i: r for i, r in enumerate(rows) if r != full}
+  sides = {r for r in windowed.values()}
+  if len(sides) != 1:  # none, or tables of several sizes: the checker's
+    return out
+  (rh, rw), = sides
+  if rh != rw or rh % 2 == 0:
+    return out
+  out.update(window_size=(rh + 1) // 2, global_attn_indexes=tuple(
+      i for i in range(depth) if i not in windowed))
+  return out
 
 
 _STAGE = re.compile(r"^block(\d+)$")
@@ -395,6 +450,13 @@ def describe(arch: Mapping[str, Any], name: Optional[str] = None,
                  f"grid{', square' if arch.get('naflex_square') else ''})")
   if arch.get("gated_mlp"):
     parts.append(f"gated MLP ({arch['gated_mlp']})")
+  if arch.get("window_size"):
+    parts.append(f"windows of {arch['window_size']} but blocks "
+                 f"{list(arch.get('global_attn_indexes') or ())}")
+  if arch.get("rel_pos"):
+    parts.append("relative positions")
+  if arch.get("neck_chans"):
+    parts.append(f"SAM neck {arch['neck_chans']}")
   if arch.get("norm_type", "layer") != "layer":
     parts.append(f"{arch['norm_type']} norm")
   for key in ("layer_scale_init", "pre_norm", "fc_norm", "no_embed_class",

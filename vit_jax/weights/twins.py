@@ -7,8 +7,9 @@ is the class the tree belongs to: ``VisionTransformer`` (classic ViTs,
 DeiT-III, DINOv2 incl. its giant's packed SwiGLU, CLIP, SigLIP, AIMv2,
 RADIO; the R50+ViT hybrids with a ``HybridEmbed``),
 ``VisionTransformerDistilled`` (DeiT with a distillation token),
-``Eva`` (DINOv3, EVA-02, Perception Encoder) or ``Beit`` (a relative
-position bias: BEiT, BEiT v2). torch,
+``Eva`` (DINOv3, EVA-02, Perception Encoder), ``Beit`` (a relative
+position bias: BEiT, BEiT v2) or ``VisionTransformerSAM`` (Segment
+Anything's image encoder). torch,
 torchvision and timm are imported here only (after TensorFlow too:
 :func:`vit_jax.weights.files.torch_after_tensorflow`).
 """
@@ -71,11 +72,14 @@ def _pool(model) -> str:
 
 
 def timm_class(model, variables) -> str:
-  """``'beit'``, ``'eva'``, ``'distilled'`` or ``'vit'``: the timm class of
-  the tree."""
+  """``'beit'``, ``'sam'``, ``'eva'``, ``'distilled'`` or ``'vit'``: the
+  timm class of the tree."""
   if model.rel_pos_bias is not None:
     return "beit"
   flat = trees.flatten(trees.wrap(trees.unstack_layers(trees.wrap(variables))))
+  if (model.window_size or model.rel_pos or model.neck_chans or
+      layouts.timm_layout_of(flat) == "timm_sam"):
+    return "sam"
   if model.rope is not None or layouts.timm_layout_of(flat) == "timm_eva":
     return "eva"
   return "distilled" if model.distilled else "vit"
@@ -102,6 +106,8 @@ def timm_model(model, variables, image_size=None):
         f"{model.patch_bias}, pre_norm={model.pre_norm}.")
   if kind == "beit":
     net = _beit(model, image_size)
+  elif kind == "sam":
+    net = _sam(model, image_size)
   elif kind == "eva":
     net = _eva(model, image_size)
   else:
@@ -292,6 +298,39 @@ def _beit(model, image_size):
       use_shared_rel_pos_bias=m.rel_pos_bias == "shared",
       global_pool=_pool(m), use_fc_norm=m.fc_norm,
       num_classes=m.num_classes or 0)
+
+
+def _sam(model, image_size):
+  from timm.models.vision_transformer_sam import VisionTransformerSAM  # pylint: disable=import-outside-toplevel
+
+  m = model
+  lacks = [what for what, on in (
+      ("a neck (without one timm norms the map by a LayerNorm2d)",
+       not m.neck_chans),
+      ("a final norm", m.final_norm), ("fc_norm", m.fc_norm),
+      (f"classifier={m.classifier!r} (it averages the map)",
+       m.classifier != "gap"),
+      ("a gated MLP", m.gated_mlp), ("RMSNorm", m.norm_type != "layer"),
+      ("a norm after the patch embedding", m.patch_norm),
+      ("norms inside the attention or MLP", m.attn_norm or m.mlp_norm),
+      ("post-norm blocks", m.post_norm),
+      ("q/v-only or no projection biases",
+       not m.key_bias or not m.proj_bias),
+      ("a representation layer", m.representation_size)) if on]
+  if lacks:
+    raise NoTwin(f"timm's VisionTransformerSAM has no {'; no '.join(lacks)}.")
+  d = m.hidden_size
+  return VisionTransformerSAM(
+      img_size=image_size, patch_size=m.patch_size, in_chans=m.num_channels,
+      num_classes=m.num_classes or 0, embed_dim=d, depth=m.num_layers,
+      num_heads=m.num_heads, mlp_ratio=_ratio(m.mlp_dim, d),
+      qkv_bias=m.qkv_bias, qk_norm=m.qk_norm,
+      init_values=m.layer_scale_init, pre_norm=m.pre_norm,
+      norm_layer=_norm(m), act_layer=_act(m.act),
+      use_abs_pos=m.abs_pos_embed, use_rel_pos=m.rel_pos,
+      window_size=m.window_size,
+      global_attn_indexes=tuple(m.global_attn_indexes),
+      neck_chans=m.neck_chans, global_pool="avg")
 
 
 def torch_model(model, variables, image_size: Optional[int] = None):

@@ -193,15 +193,17 @@ def _try_meta(name: str, arg: str, **kwargs):
 
 def timm_meta(name: str, depth: Optional[int] = 2, small: bool = False):
   """``(model on the meta device, create_model kwargs)``: ``depth`` blocks
-  where timm's constructor takes ``depth``; with ``small`` a square of
+  where timm's constructor takes ``depth`` (and what goes with it:
+  :func:`depth_kwargs`); with ``small`` a square of
   ``SMALL_GRID`` patches where it takes ``img_size`` (not for NaFlex,
   whose input is patches)."""
   kwargs: Dict[str, Any] = {}
   m = None
   if depth is not None:
-    m = _try_meta(name, "depth", depth=depth)
+    extra = depth_kwargs(name, depth)
+    m = _try_meta(name, "depth", depth=depth, **extra)
     if m is not None:
-      kwargs["depth"] = depth
+      kwargs.update(depth=depth, **extra)
   if m is None:
     m = _meta_model(name)
   if small and not is_naflex(name):
@@ -213,6 +215,17 @@ def timm_meta(name: str, depth: Optional[int] = 2, small: bool = False):
     if reduced is not None:
       m, kwargs["img_size"] = reduced, size
   return m, kwargs
+
+
+def depth_kwargs(name: str, depth: int) -> Dict[str, Any]:
+  """What else timm's constructor takes for a model of ``depth`` blocks:
+  SAM's global blocks (timm's ``global_attn_indexes``, e.g. 2, 5, 8, 11
+  for B) are past the second block, so at depth 2 the last block is made
+  global, the first stays windowed (the loader reads which is which from
+  the rel-pos tables)."""
+  if name.split(".", 1)[0].startswith("samvit_"):
+    return {"global_attn_indexes": (depth - 1,)}
+  return {}
 
 
 def is_naflex(name: str) -> bool:

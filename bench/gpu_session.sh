@@ -1,0 +1,41 @@
+#!/usr/bin/env bash
+# What the GPU issue asks of one lent H100 / H200, in two device calls of
+# under 10 minutes each (docs/accelerators.md, "The next GPU session"):
+#   bash bench/gpu_session.sh 1   # ViT-B/16: the step, its profile, train.py
+#                                 # end to end, timm eager / torch.compile
+#   bash bench/gpu_session.sh 2   # XLA flag A/Bs, ViT-L/16, ViT-H/14
+# .whl holds ml_collections, the one package such a machine lacks:
+#   pip download --no-deps --only-binary=:all: --python-version 3.12 \
+#     -d .whl ml_collections==1.1.0
+set -uo pipefail
+python3 -m pip install -q --no-index --no-deps --target /tmp/site .whl/*.whl \
+  || exit 1
+export PYTHONPATH=/tmp/site PYTHONUNBUFFERED=1 XLA_PYTHON_CLIENT_PREALLOCATE=false
+OUT=${OUT:-bench/results/gpu}
+mkdir -p "$OUT" && OUT=$(cd "$OUT" && pwd)  # absolute: tar runs in /tmp/prof
+A="python3 bench/accelerator.py --skip pipeline logits timm"
+{ nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv
+  lscpu | grep -E "Model name|^CPU\(s\)"; date -u
+  python3 -m pip list 2>/dev/null |
+    grep -iE "^(jax|jaxlib|jax-cuda.*|flax|optax|orbax-checkpoint|torch|timm|triton) "
+} > "$OUT/env.txt"
+case "${1:-1}" in
+  1) timeout 540 $A --batch 256 --attention cudnn --scan off --torch-compile \
+       eager default max-autotune --profile /tmp/prof --json "$OUT/b16.json" \
+       2>&1 | tee "$OUT/b16.log"
+     (cd /tmp/prof && tar czf "$OUT/prof.tgz" jax/step.hlo.txt torch_*.json \
+       $(find jax -name "*.xplane.pb")) ;;
+  2) for f in "" --xla_gpu_enable_latency_hiding_scheduler=true \
+         --xla_gpu_enable_command_buffer= --xla_gpu_cudnn_gemm_fusion_level=2 \
+         --xla_gpu_enable_triton_gemm=false; do
+       echo "== XLA_FLAGS=$f"
+       XLA_FLAGS="$f" timeout 100 $A --skip pipeline e2e logits timm torch \
+         --batch 256 --attention cudnn --scan off --steps 30
+     done 2>&1 | tee "$OUT/flags.log"
+     { timeout 150 $A --skip pipeline e2e logits timm --model vit_l_16 \
+         --batch 128 --attention cudnn --scan off --torch-compile eager
+       timeout 120 $A --skip pipeline e2e logits timm torch --model vit_h_14 \
+         --batch 64 --attention cudnn --scan off --remat full
+     } 2>&1 | tee "$OUT/large.log" ;;
+esac
+ls -la "$OUT"
