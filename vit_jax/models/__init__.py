@@ -12,6 +12,8 @@ norms, position embeddings, the encoder), :mod:`~vit_jax.models.kernels`
 inputs: the per-image resize of the position grid, the padding masks),
 :mod:`~vit_jax.models.resnet` (the hybrids' ResNet stem),
 :mod:`~vit_jax.models.relpos` (BEiT's relative position bias),
+:mod:`~vit_jax.models.sam` (SAM's windows, decomposed relative positions
+and neck),
 :mod:`~vit_jax.models.analysis` (attention maps, rollout, feature PCA). This room imports nothing else of vit_jax, nor
 torch or TensorFlow.
 """

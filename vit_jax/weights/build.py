@@ -154,7 +154,7 @@ _SHOWN = (
     ("a NaFlex position grid", lambda a: a.get("naflex") is not None),
     ("a conv stem", lambda a: bool(a.get("conv_stem"))),
     ("relative position bias", lambda a: a.get("rel_pos_bias") or "none"),
-    ("relative positions", lambda a: bool(a.get("rel_pos"))),
+    ("decomposed relative positions", lambda a: bool(a.get("rel_pos"))),
     ("a SAM neck", lambda a: bool(a.get("neck_chans"))),
 )
 # What only the name decides, compared where the weights come with a record

@@ -454,7 +454,7 @@ def describe(arch: Mapping[str, Any], name: Optional[str] = None,
     parts.append(f"windows of {arch['window_size']} but blocks "
                  f"{list(arch.get('global_attn_indexes') or ())}")
   if arch.get("rel_pos"):
-    parts.append("relative positions")
+    parts.append("decomposed relative positions")
   if arch.get("neck_chans"):
     parts.append(f"SAM neck {arch['neck_chans']}")
   if arch.get("norm_type", "layer") != "layer":
