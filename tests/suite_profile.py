@@ -147,6 +147,9 @@ class SuiteProfile:
     self._setup = 0.0
 
   def pytest_runtest_logreport(self, report):
+    if getattr(self, "_item", None) is None or (
+        report.nodeid != self._item.nodeid):
+      return  # pytest-xdist's controller: its workers write the lines
     if report.when == "setup":
       self._setup = report.duration
     if report.when != "teardown":

@@ -59,10 +59,17 @@ print(json.dumps(res))
 """
 
 
-@pytest.fixture(scope="module")
+_RESULT = {}
+
+
+@pytest.fixture
 def result():
-  tiny_overrides()  # prepares the digits data in this process's data_dir
-  return run_python(_CODE, devices=8, timeout=900)
+  """The run, once per process: kept outside pytest's fixture scopes, which
+  pytest-xdist's worker tears down whenever it runs out of queued tests."""
+  if not _RESULT:
+    tiny_overrides()  # prepares the digits data in this process's data_dir
+    _RESULT.update(run_python(_CODE, devices=8, timeout=900))
+  return _RESULT
 
 
 def _series(rows, key):

@@ -32,19 +32,27 @@ timm = pytest.importorskip("timm")
 PLAN = verify.plan(_timm_archs.ARCHS)
 
 
-@pytest.fixture(scope="module")
+_ONCE = {}  # once per process: pytest-xdist's worker tears module
+# fixtures down whenever it runs out of queued tests.
+
+
+@pytest.fixture
 def random_weights():
-  return verify.RandomWeights()
+  if "weights" not in _ONCE:
+    _ONCE["weights"] = verify.RandomWeights()
+  return _ONCE["weights"]
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture
 def results(request, random_weights):
   """The checks of the names this session runs, in one go, a group of
   names that share weights and compiled programs at a time."""
-  chosen = {item.callspec.params["name"] for item in request.session.items
-            if item.originalname == "test_listed_name_equals_timm"}
-  return verify.verify_many([c for c in PLAN if c.name in chosen],
-                            random_weights)
+  if "results" not in _ONCE:
+    chosen = {item.callspec.params["name"] for item in request.session.items
+              if item.originalname == "test_listed_name_equals_timm"}
+    _ONCE["results"] = verify.verify_many(
+        [c for c in PLAN if c.name in chosen], random_weights)
+  return _ONCE["results"]
 
 
 def test_every_listed_name_is_planned():
