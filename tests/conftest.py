@@ -83,6 +83,3 @@ def pytest_collection_modifyitems(config, items):
   for item in items:
     if item.nodeid in slow:
       item.add_marker(pytest.mark.slow)
-  # The groups one pytest-xdist worker runs whole (the registry: minutes)
-  # first, so that the other workers' tests fill the time beside them.
-  items.sort(key=lambda item: item.get_closest_marker("xdist_group") is None)

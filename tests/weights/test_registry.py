@@ -32,27 +32,15 @@ timm = pytest.importorskip("timm")
 PLAN = verify.plan(_timm_archs.ARCHS)
 
 
-_ONCE = {}  # once per process: pytest-xdist's worker tears module
-# fixtures down whenever it runs out of queued tests.
+_WEIGHTS = {}  # once per process, whatever tests pytest-xdist sends it
+_PLANNED = {c.name: c for c in PLAN}
 
 
 @pytest.fixture
 def random_weights():
-  if "weights" not in _ONCE:
-    _ONCE["weights"] = verify.RandomWeights()
-  return _ONCE["weights"]
-
-
-@pytest.fixture
-def results(request, random_weights):
-  """The checks of the names this session runs, in one go, a group of
-  names that share weights and compiled programs at a time."""
-  if "results" not in _ONCE:
-    chosen = {item.callspec.params["name"] for item in request.session.items
-              if item.originalname == "test_listed_name_equals_timm"}
-    _ONCE["results"] = verify.verify_many(
-        [c for c in PLAN if c.name in chosen], random_weights)
-  return _ONCE["results"]
+  if "weights" not in _WEIGHTS:
+    _WEIGHTS["weights"] = verify.RandomWeights()
+  return _WEIGHTS["weights"]
 
 
 def test_every_listed_name_is_planned():
@@ -73,15 +61,13 @@ def test_every_listed_name_is_planned():
 
 # Slow as a whole (every listed name at its real width, one per record at
 # timm's input size: the heaviest test of the suite), cheap per name.
-# One pytest-xdist worker runs them all (the fixture checks every name at
-# once, sharing weights and compiled programs).
+# Each name its own check (pytest-xdist spreads them over its workers);
+# a process's checks share their random weights.
 @pytest.mark.slow
-@pytest.mark.xdist_group("registry")
 @pytest.mark.parametrize("name", [c.name for c in PLAN])
-def test_listed_name_equals_timm(name, results, record_property):
-  result = results[name]
-  if isinstance(result, verify.NotVerified):
-    raise result
+def test_listed_name_equals_timm(name, random_weights, record_property):
+  result = verify.verify_timm(name, small=_PLANNED[name].small,
+                              weights=random_weights)
   # Within 1e-5 of timm's float32 logits, or (deep ResNet stems, whose
   # float32 logits timm itself gets 2-4e-5 from its float64 ones) within
   # twice timm's own rounding error of the float64 logits.
