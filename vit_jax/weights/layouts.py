@@ -425,6 +425,18 @@ def timm_layout_of(flat) -> str:
 # keep the v4 names, which the aliases rename on the way in.
 _HF = "layers.{i}."
 
+# transformers' ViT-style encoder keys (ViT, BEiT, Data2Vec-Vision) ->
+# the shared row names.
+_HF_ENCODER_ALIASES = (
+    (r"^encoder\.layer\.(\d+)\.attention\.attention\.(q|k|v)[a-z]*\.",
+     r"layers.\1.attention.\2_proj."),
+    (r"^encoder\.layer\.(\d+)\.attention\.output\.dense\.",
+     r"layers.\1.attention.o_proj."),
+    (r"^encoder\.layer\.(\d+)\.intermediate\.dense\.", r"layers.\1.mlp.fc1."),
+    (r"^encoder\.layer\.(\d+)\.output\.dense\.", r"layers.\1.mlp.fc2."),
+    (r"^encoder\.layer\.", "layers."),
+)
+
 TRANSFORMERS_VIT = Layout("transformers", rows=(
     Row("embeddings.cls_token", ("params/cls",)),
     Row("embeddings.position_embeddings", (POS,)),
@@ -443,13 +455,7 @@ TRANSFORMERS_VIT = Layout("transformers", rows=(
     *dense("classifier.", "params/head"),
 ), aliases=(
     (r"^module\.", ""), (r"^vit\.", ""),
-    (r"^encoder\.layer\.(\d+)\.attention\.attention\.(q|k|v)[a-z]*\.",
-     r"layers.\1.attention.\2_proj."),
-    (r"^encoder\.layer\.(\d+)\.attention\.output\.dense\.",
-     r"layers.\1.attention.o_proj."),
-    (r"^encoder\.layer\.(\d+)\.intermediate\.dense\.", r"layers.\1.mlp.fc1."),
-    (r"^encoder\.layer\.(\d+)\.output\.dense\.", r"layers.\1.mlp.fc2."),
-    (r"^encoder\.layer\.", "layers."),
+    *_HF_ENCODER_ALIASES,
 ), unsupported=(
     ("embeddings.mask_token", "a mask token (masked image modeling)"),
 ), fixed=(("classifier", "token"),))
@@ -685,13 +691,7 @@ TRANSFORMERS_BEIT = Layout("transformers_beit", rows=_hf_beit_rows(False),
     (r"^encoder\.relative_position_bias\.", "shared_position_bias."),
     (r"^encoder\.layer\.(\d+)\.attention\.attention\.relative_position_bias\.",
      r"layers.\1.relative_position_bias."),
-    (r"^encoder\.layer\.(\d+)\.attention\.attention\.(q|k|v)[a-z]*\.",
-     r"layers.\1.attention.\2_proj."),
-    (r"^encoder\.layer\.(\d+)\.attention\.output\.dense\.",
-     r"layers.\1.attention.o_proj."),
-    (r"^encoder\.layer\.(\d+)\.intermediate\.dense\.", r"layers.\1.mlp.fc1."),
-    (r"^encoder\.layer\.(\d+)\.output\.dense\.", r"layers.\1.mlp.fc2."),
-    (r"^encoder\.layer\.", "layers."),
+    *_HF_ENCODER_ALIASES,
 ), ignored=_HF_BEIT_IGNORED)
 TRANSFORMERS_DATA2VEC_VISION = Layout(
     "transformers_data2vec_vision", rows=_hf_beit_rows(True),
