@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # What the GPU issue asks of one lent H100 / H200, in two device calls of
-# under 10 minutes each (docs/accelerators.md, "The next GPU session"):
+# about 5 minutes each (a session has 15 minutes of device time, starts
+# included; docs/accelerators.md, "The next GPU session"):
 #   bash bench/gpu_session.sh 1   # ViT-B/16: the step, its profile, train.py
 #                                 # end to end, timm eager / torch.compile
-#   bash bench/gpu_session.sh 2   # XLA flag A/Bs, ViT-L/16, ViT-H/14
+#   bash bench/gpu_session.sh 2   # XLA flag A/Bs, ViT-L/16, max-autotune
 # .whl holds ml_collections, the one package such a machine lacks:
 #   pip download --no-deps --only-binary=:all: --python-version 3.12 \
 #     -d .whl ml_collections==1.1.0
@@ -20,22 +21,41 @@ A="python3 bench/accelerator.py --skip pipeline logits timm"
     grep -iE "^(jax|jaxlib|jax-cuda.*|flax|optax|orbax-checkpoint|torch|timm|triton) "
 } > "$OUT/env.txt"
 case "${1:-1}" in
-  1) timeout 540 $A --batch 256 --attention cudnn --scan off --torch-compile \
-       eager default max-autotune --profile /tmp/prof --json "$OUT/b16.json" \
+  1) timeout 280 $A --batch 256 --attention cudnn --scan off --torch-compile \
+       eager default --profile /tmp/prof --json "$OUT/b16.json" \
        2>&1 | tee "$OUT/b16.log"
-     (cd /tmp/prof && tar czf "$OUT/prof.tgz" jax/step.hlo.txt torch_*.json \
-       $(find jax -name "*.xplane.pb")) ;;
+     (cd /tmp/prof && tar czf "$OUT/jax_prof.tgz" jax/step.hlo.txt \
+       $(find jax -name "*.xplane.pb"); tar czf "$OUT/torch_prof.tgz" \
+       torch_*.json) ;;
   2) for f in "" --xla_gpu_enable_latency_hiding_scheduler=true \
-         --xla_gpu_enable_command_buffer= --xla_gpu_cudnn_gemm_fusion_level=2 \
-         --xla_gpu_enable_triton_gemm=false; do
+         --xla_gpu_cudnn_gemm_fusion_level=2 \
+         --xla_gpu_enable_command_buffer=; do
        echo "== XLA_FLAGS=$f"
-       XLA_FLAGS="$f" timeout 100 $A --skip pipeline e2e logits timm torch \
-         --batch 256 --attention cudnn --scan off --steps 30
+       XLA_FLAGS="$f" timeout 45 $A --skip pipeline e2e logits timm torch \
+         --batch 256 --attention cudnn --scan off --steps 20
      done 2>&1 | tee "$OUT/flags.log"
-     { timeout 150 $A --skip pipeline e2e logits timm --model vit_l_16 \
-         --batch 128 --attention cudnn --scan off --torch-compile eager
-       timeout 120 $A --skip pipeline e2e logits timm torch --model vit_h_14 \
-         --batch 64 --attention cudnn --scan off --remat full
-     } 2>&1 | tee "$OUT/large.log" ;;
+     timeout 100 $A --skip pipeline e2e logits timm --model vit_l_16 \
+       --batch 128 --attention cudnn --scan off --torch-compile eager \
+       2>&1 | tee "$OUT/large.log"
+     timeout 150 $A --skip pipeline e2e logits timm --batch 256 \
+       --attention cudnn --scan off --steps 20 --torch-compile max-autotune \
+       2>&1 | tee "$OUT/autotune.log" ;;
+  ab) # The working tree against a baseline, alternated, in one call:
+      #   mkdir -p .ab/base && git archive BASE vit_jax bench configs \
+      #     train.py | tar -x -C .ab/base   # .ab/ ignored, named in carry
+     timeout 150 python3 -m pytest -q -p no:cacheprovider \
+       tests/models/test_gpu.py 2>&1 | tail -15 | tee "$OUT/gpu_tests.log"
+     B="--skip pipeline e2e logits timm torch --batch 256 --attention cudnn \
+       --scan off --steps 30"
+     for r in 1 2; do
+       for t in base new; do
+         echo "== $t, round $r"
+         d=.; [ $t = base ] && d=.ab/base
+         (cd $d && timeout 70 python3 bench/accelerator.py $B \
+           $([ $t$r = new2 ] && echo --profile /tmp/prof_new))
+       done
+     done 2>&1 | tee "$OUT/ab.log"
+     (cd /tmp/prof_new && tar czf "$OUT/jax_prof_new.tgz" jax/step.hlo.txt \
+       $(find jax -name "*.xplane.pb")) ;;
 esac
 ls -la "$OUT"

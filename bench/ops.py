@@ -133,7 +133,7 @@ def group_of(ops, metas) -> str:
     return "loss + other"
   if "layernorm" in text or "encoder_norm" in text:
     return "LayerNorm"
-  if "attention" in text:
+  if "attention" in text and "exponential" in ops:
     return "softmax"  # scale, max, exp, sum, divide of the scores
   if "mlpblock" in text or "erf" in ops:
     return "GELU"  # with the bias adds fused into it
@@ -144,19 +144,27 @@ def group_of(ops, metas) -> str:
   return "loss + other"
 
 
-def op_times(trace_dir: str):
+def op_times(trace_dir: str, counts=None):
   """({HLO instruction: total ns}, busy ns, span ns) of the newest
   ``jax.profiler`` trace under ``trace_dir``: the ops of the first device
   plane that has them (GPU, TPU), else the host's XLA thunks (CPU). Busy:
-  the union of the ops' intervals; span: first start to last end."""
+  the union of the ops' intervals; span: first start to last end.
+  ``counts`` (a Counter), if given, gets each op's number of runs: XLA's
+  GPU kernels of identical fusions run under the first one's name, as a
+  scanned layer's ops run once per layer."""
   from jax.profiler import ProfileData  # pylint: disable=import-outside-toplevel
   files = sorted(glob.glob(os.path.join(trace_dir, "**", "*.xplane.pb"),
                            recursive=True))
   if not files:
     raise RuntimeError(f"no *.xplane.pb under {trace_dir}")
   planes = list(ProfileData.from_file(files[-1]).planes)
-  dev = [ln for p in planes if p.name.startswith("/device:")
-         for ln in p.lines if ln.name == "XLA Ops"][:1]
+  devices = [p for p in planes if p.name.startswith("/device:")
+             and any(True for ln in p.lines for _ in ln.events)]
+  # A device's "XLA Ops" line where the profiler writes one; else its
+  # streams' kernels (jax 0.11 on a GPU, the step one CUDA graph: each
+  # kernel named by its fusion, or by cuBLAS's / cuDNN's kernel name).
+  dev = devices and ([ln for ln in devices[0].lines if ln.name == "XLA Ops"]
+                     or list(devices[0].lines))
   lines = dev or [ln for p in planes if p.name == "/host:CPU"
                   for ln in p.lines if ln.name.startswith("tf_XLA")]
   out, spans = collections.Counter(), []
@@ -165,6 +173,8 @@ def op_times(trace_dir: str):
       if not e.name.startswith(("end: ", "Thread", "ThunkExecutor")):
         out[e.name] += e.duration_ns
         spans.append((e.start_ns, e.end_ns))
+        if counts is not None:
+          counts[e.name] += 1
   return (out,) + _busy_span(spans)
 
 
@@ -187,17 +197,58 @@ def _tally(items, per: float):
   return groups, detail
 
 
-def jax_groups(times, hlo: str, steps: int):
+def jax_groups(times, hlo: str, steps: int, counts=None):
   """:func:`_tally` of :func:`op_times`' ops (ms per step), each grouped by
-  what its instruction in ``hlo`` computes; and each one's FLOPs."""
+  what its instruction in ``hlo`` computes; and each one's FLOPs in all
+  its ``counts`` runs (default one per step)."""
   instrs, comps = parse_hlo(hlo)
-  inner = {n: _inner(n, instrs, comps) for n in times if n in instrs}
-  group = {n: group_of(*inner[n][:2]) if n in inner else "loss + other"
+  inner = {n: _inner(n, instrs, comps) for n in
+           (_hlo_name(t, instrs) for t in times) if n in instrs}
+  group = {n: group_of(*inner[_hlo_name(n, instrs)][:2])
+           if _hlo_name(n, instrs) in inner else kernel_group(n)
            for n in times}
-  flops = {f"{group[n]}: {n}": inner[n][2] if n in inner else 0
+  inner = {n: inner[_hlo_name(n, instrs)] for n in times
+           if _hlo_name(n, instrs) in inner}
+  runs = lambda n: counts[n] / steps if counts else 1  # noqa: E731
+  flops = {f"{group[n]}: {n}": inner[n][2] * runs(n) if n in inner else 0
            for n in times}
   return _tally(((group[n], n, ns / 1e6) for n, ns in times.items()),
                 steps) + (flops,)
+
+
+def _hlo_name(name: str, instrs) -> str:
+  """A trace's op name as the HLO's instruction: a GPU kernel of a fusion
+  is named ``loop_add_fusion_11`` for ``loop_add_fusion.11``."""
+  if name in instrs:
+    return name
+  dotted = re.sub(r"_(\d+)$", r".\1", name)
+  return dotted if dotted in instrs else name
+
+
+def kernel_group(name: str) -> str:
+  """A CUDA kernel's group by its name: JAX's cuBLAS and cuDNN kernels,
+  which the HLO does not name (see :func:`torch_kernel_group`); anything
+  else is a fusion the HLO names."""
+  n = name.lower()
+  if any(k in n for k in ("sdpa", "fmha", "flash", "dot_do_o",
+                          "convert_dq")):
+    return "attention matmuls"
+  if any(k in n for k in ("nvjet", "gemm", "cutlass", "xmma", "splitk",
+                          "cublas")):
+    return "dense GEMMs"
+  if n.startswith(("memset", "memcpy")):
+    return "layout copies"
+  return "loss + other"
+
+
+def hlo_dot_flops(hlo: str) -> int:
+  """FLOPs of every GEMM in an HLO module's text (dots, cuBLAS calls,
+  batched ones such as XLA's merged kernel gradients, the dots inside GEMM
+  fusions), each counted once: one step's where no loop repeats them
+  (``scan_layers`` off)."""
+  instrs, _ = parse_hlo(hlo)
+  return sum(f for op, _, metas, f in instrs.values()
+             if op in ("dot", "batched-dot"))
 
 
 # Each ablation variant: the groups its stand-ins replace.
@@ -308,12 +359,27 @@ def read_jax_trace(trace_dir: str, steps: int):
   """The groups (ms per step), the idle time and the largest ops of a
   saved ``jax.profiler`` trace, named by ``step.hlo.txt`` beside it; a
   GEMM's or attention op's achieved TFLOP/s beside its time."""
-  times, busy, span = op_times(trace_dir)
+  counts = collections.Counter()
+  times, busy, span = op_times(trace_dir, counts)
   with open(os.path.join(trace_dir, "step.hlo.txt")) as f:
-    groups, detail, flops = jax_groups(times, f.read(), steps)
+    hlo = f.read()
+  groups, detail, flops = jax_groups(times, hlo, steps, counts)
   groups["idle (no op running)"] = (span - busy) / 1e6 / steps
-  return groups, [(k, ms, flops[k] / ms / 1e9 if flops[k] else None)
-                  for k, ms in detail.most_common(20)]
+  top = [(k, ms, flops[k] / ms / 1e9 if flops[k] else None)
+         for k, ms in detail.most_common(20)]
+  gemm_ms = groups.get("dense GEMMs", 0.0) + groups.get("patch embedding",
+                                                        0.0)
+  instrs, _ = parse_hlo(hlo)
+  named_by_kernel = any(_hlo_name(n, instrs) not in instrs and
+                        kernel_group(n) == "dense GEMMs" for n in times)
+  total = hlo_dot_flops(hlo)
+  # A GPU's cuBLAS kernels carry no HLO name, so each GEMM's rate is
+  # unknown; all of them together (every dot, batched ones included, runs
+  # as such a kernel there):
+  if named_by_kernel and gemm_ms and total:
+    top.append(("all GEMMs (the HLO's dot FLOPs over the GEMM groups' "
+                "time)", gemm_ms, total / gemm_ms / 1e9))
+  return groups, top
 
 
 def torch_kernel_group(name: str) -> str:
@@ -347,6 +413,15 @@ def read_torch_trace(path: str, steps: int):
   busy, span = _busy_span([(e["ts"], e["ts"] + e["dur"]) for e in events])
   groups["idle (no op running)"] = (span - busy) / 1e3 / steps
   return groups, [(k, ms, None) for k, ms in detail.most_common(20)]
+
+
+def trace_label(path: str, paths) -> str:
+  """A trace's column name: its file or folder name, with the folder above
+  it where two would read the same (DIR1/jax, DIR2/jax)."""
+  name = lambda p: os.path.basename(p.rstrip("/"))  # noqa: E731
+  if sum(name(p) == name(path) for p in paths) > 1:
+    return "/".join(os.path.normpath(path).split(os.sep)[-2:])
+  return name(path)
 
 
 def format_traces(tables: dict) -> str:
@@ -443,7 +518,7 @@ def main(argv=None) -> dict:
   machine.add_args(p, gemm=False)
   args = p.parse_args(argv)
   if args.trace:
-    tables = {os.path.basename(t.rstrip("/")): (
+    tables = {trace_label(t, args.trace): (
         read_jax_trace(t, args.steps) if os.path.isdir(t) else
         read_torch_trace(t, args.steps)) for t in args.trace}
     print(format_traces(tables))

@@ -145,3 +145,44 @@ def test_trace_readers_count_gemm_flops_and_group_cuda_kernels(tmp_path):
       10e-3)
   assert groups["idle (no op running)"] == 10e-3  # 60..70 us: nothing ran
   assert len(top) == 5
+
+
+def test_gpu_trace_kernels_named_by_fusion_or_library():
+  """jax 0.11 on a GPU traces the step's kernels (one CUDA graph) by their
+  fusion's name with '_N' for '.N', or by cuBLAS's / cuDNN's kernel name;
+  all GEMM FLOPs of the HLO (XLA's batched kernel gradients included) are
+  what the GEMM kernels' time is divided into."""
+  from bench import ops  # pylint: disable=import-outside-toplevel
+  batched = ('  %custom-call.182 = (f32[4,768,768]{2,1,0}, s8[33554432]{0}) '
+             'custom-call(bf16[4,50688,768]{2,1,0} %a, bf16[4,50688,768]'
+             '{2,1,0} %b), custom_call_target="__cublas$lt$matmul", '
+             'backend_config={"gemm_backend_config":{"dot_dimension_numbers"'
+             ':{"lhs_contracting_dimensions":["1"],"rhs_contracting_'
+             'dimensions":["1"],"lhs_batch_dimensions":["0"],"rhs_batch_'
+             'dimensions":["0"]}}}')
+  plain = ('  %custom-call.3 = (bf16[512,768]{1,0}, s8[4194304]{0}) '
+           'custom-call(bf16[512,3072]{1,0} %c, bf16[3072,768]{1,0} %d), '
+           'custom_call_target="__cublas$lt$matmul", backend_config={"gemm_'
+           'backend_config":{"dot_dimension_numbers":{"lhs_contracting_'
+           'dimensions":["1"],"rhs_contracting_dimensions":["0"],"lhs_batch_'
+           'dimensions":[],"rhs_batch_dimensions":[]}}}')
+  fusion = '  %loop_add_fusion.11 = f32[8]{0} fusion(%e), kind=kLoop'
+  hlo = "ENTRY %main () -> f32[8] {\n" + "\n".join((batched, plain,
+                                                    fusion)) + "\n}"
+  assert ops.hlo_dot_flops(hlo) == (2 * 4 * 768 * 768 * 50688 +
+                                    2 * 512 * 768 * 3072)
+  instrs, _ = ops.parse_hlo(hlo)
+  assert ops._hlo_name("loop_add_fusion_11", instrs) == "loop_add_fusion.11"  # pylint: disable=protected-access
+  assert ops._hlo_name("nvjet_sm90_tst_128x128", instrs) == (  # pylint: disable=protected-access
+      "nvjet_sm90_tst_128x128")
+  for kernel, group in (
+      ("nvjet_sm90_tss_192x192_64x3_1x2_h_bz_coopB_splitK_NTN", "dense GEMMs"),
+      ("void cublasLt::splitKreduce_kernel<32, 16, int, float>", "dense GEMMs"),
+      ("cudnn_generated_fort_native_sdpa_sm90_flash_bprop_wgmma_f16",
+       "attention matmuls"),
+      ("void cudnn::fusion::compute_dot_do_o_specialized<true, 64>",
+       "attention matmuls"),
+      ("Memset", "layout copies")):
+    assert ops.kernel_group(kernel) == group, kernel
+  assert ops.trace_label("a/jax", ["a/jax", "b/jax/"]) == "a/jax"
+  assert ops.trace_label("t.json", ["a/jax", "t.json"]) == "t.json"

@@ -629,3 +629,73 @@ def test_a_failed_run_of_chosen_cudnn_is_not_retried_with_xla(monkeypatch):
   with pytest.raises(jax.errors.JaxRuntimeError, match="RESOURCE"):
     model.init(jax.random.key(0), x, train=False)
   assert "xla" not in calls, calls
+
+
+def test_odd_cudnn_self_attention_pads_the_tokens_once(monkeypatch):
+  """cuDNN (chosen) at an odd length: the block pads its input by one
+  token before the q/k/v projections, masks that key out through the
+  sequence lengths and drops its row after the out projection; the same
+  logits and gradients as unpadded attention (float32 here, so the
+  comparison is tight: cuDNN is refused on a CPU and XLA runs the same
+  padded call)."""
+  calls = []
+  real = jax.nn.dot_product_attention
+
+  def dpa(q, k, v, *args, implementation=None, **kw):
+    calls.append((implementation, q.shape[1],
+                  None if kw.get("key_value_seq_lengths") is None else
+                  int(kw["key_value_seq_lengths"][0])))
+    if implementation == "cudnn":
+      raise NotImplementedError("no cuDNN on a CPU")
+    return real(q, k, v, *args, implementation=implementation, **kw)
+  x = jax.random.normal(jax.random.key(0), (2, 32, 32, 3))
+  model = models.get_model("vit_ti_16", num_layers=2, num_classes=5)
+  variables = jax.tree_util.tree_map(
+      lambda a: a + 0.05 * jnp.cos(jnp.arange(a.size).reshape(a.shape)),
+      models.init_params(model, 32))
+  loss = lambda v: jnp.sum(model.apply(v, x) ** 2)  # noqa: E731
+  want, g_want = jax.value_and_grad(loss)(variables)
+  monkeypatch.setattr(jax.nn, "dot_product_attention", dpa)
+  monkeypatch.setattr(kernels, "choose_attention", lambda *a, **k: "cudnn")
+  got, g_got = jax.value_and_grad(loss)(variables)
+  # 5 tokens (4 patches + class) padded to 6, 5 keys read; per block.
+  assert calls[:2] == [("cudnn", 6, 5), ("xla", 6, 5)], calls
+  np.testing.assert_allclose(got, want, rtol=1e-6)
+  scale = max(float(jnp.abs(g).max()) for g in jax.tree_util.tree_leaves(
+      g_want))
+  for a, b in zip(jax.tree_util.tree_leaves(g_got),
+                  jax.tree_util.tree_leaves(g_want)):
+    np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6 * scale)
+
+
+@pytest.mark.parametrize("backend", ["cpu", "gpu"])
+def test_mlp_hidden_layer_dtype_per_backend(backend, monkeypatch):
+  """bfloat16 MLP: on the CPU its GEMMs leave float32 (the hidden layer
+  stays so through GELU; the output is rounded after the bias); on a GPU /
+  TPU every GEMM writes bfloat16 (the activation widens inside its
+  elementwise op), as under torch's autocast. Close to float32 either
+  way."""
+  monkeypatch.setattr(kernels, "cpu_has_bf16", lambda: True)
+  monkeypatch.setattr(jax, "default_backend", lambda: backend)
+  cfg = layers.BlockConfig(mlp_dim=64, dtype=jnp.bfloat16)
+  mlp = layers.MlpBlock(config=cfg)
+  x = jax.random.normal(jax.random.key(0), (2, 5, 16))
+  params = mlp.init(jax.random.key(1), x)
+  params = jax.tree_util.tree_map(lambda a: a + 0.1, params)
+  jaxpr = jax.make_jaxpr(lambda p: mlp.apply(p, x))(params)
+
+  def dots(j):
+    for e in j.eqns:
+      if e.primitive.name == "dot_general":
+        yield e
+      for sub in jax.extend.core.jaxprs_in_params(e.params):
+        yield from dots(sub)
+  out_dtypes = [e.outvars[0].aval.dtype for e in dots(jaxpr.jaxpr)]
+  assert len(out_dtypes) == 2
+  want = jnp.float32 if backend == "cpu" else jnp.bfloat16
+  assert out_dtypes == [want, want], out_dtypes
+  ref = layers.MlpBlock(config=layers.BlockConfig(mlp_dim=64)).apply(params, x)
+  got = mlp.apply(params, x)
+  assert got.dtype == jnp.bfloat16
+  np.testing.assert_allclose(np.asarray(got, np.float32), ref,
+                             atol=0.02 * float(jnp.abs(ref).max()))

@@ -367,6 +367,24 @@ class MultiHeadDotProductAttention(nn.Module):
            for name in ("query", "key", "value")]
     out_kernel, out_bias = _Projection((h, hd, d), (d,), cfg.param_dtype,
                                        use_bias=cfg.proj_bias, name="out")()
+    rate = cfg.attention_dropout_rate
+    use_dropout = rate > 0.0 and not self.deterministic
+    impl = kernels.choose_attention(
+        jax.default_backend(), jnp.dtype(cfg.dtype), hd,
+        requested=cfg.attention_impl, dropout=use_dropout,
+        sow_weights=cfg.sow_attention_weights)
+    # cuDNN's training kernels take even lengths only: an odd self-attention
+    # gets its one masked token here, before the projections, where the pad
+    # joins the LayerNorm's pass and the slice the residual's, instead of
+    # q, k, v padded and the output sliced (8 more passes over the tokens per
+    # block, forward and backward; kernels.padded_attention).
+    pad = (impl == "cudnn" and n % 2 == 1 and inputs_kv is inputs_q
+           and mask is None and rope is None and rel_pos is None
+           and decomposed is None and cfg.rel_pos_bias is None)
+    n_real = n
+    if pad:
+      inputs_q = inputs_kv = jnp.pad(inputs_q, ((0, 0), (0, 1), (0, 0)))
+      n = s = n + 1
     # Three (B*N, D) x (D, D) GEMMs. One fused (D, 3D) GEMM would need the
     # three kernels concatenated on every call (a copy of 3*D*D weights
     # that costs more on CPU than it saves; measured in bench/README.md).
@@ -388,11 +406,6 @@ class MultiHeadDotProductAttention(nn.Module):
       rel_h, rel_w = sam_lib.rel_pos_tables(self, table, hd, cfg.param_dtype)
       decomposed_bias = sam_lib.decomposed_bias(q, rel_h, rel_w, grid)
 
-    rate = cfg.attention_dropout_rate
-    use_dropout = rate > 0.0 and not self.deterministic
-    impl = kernels.choose_attention(
-        jax.default_backend(), q.dtype, hd, requested=cfg.attention_impl,
-        dropout=use_dropout, sow_weights=cfg.sow_attention_weights)
     if cfg.rel_pos_bias == "block" and inputs_kv is inputs_q:
       own = relpos.RelativePositionBias(
           h, cfg.param_dtype, name="rel_pos_bias")(self.grids, n)
@@ -428,15 +441,16 @@ class MultiHeadDotProductAttention(nn.Module):
                            bias=rel_pos[None])
     else:
       y = _fused_attention(q, k, v, mask, impl,
-                           fallback=cfg.attention_impl is None)
+                           fallback=cfg.attention_impl is None,
+                           valid=n_real if pad else None)
     y = y.reshape(b * n, d)
     if cfg.attn_norm:
       y = norm(name="inner_norm")(y)
-    return _project(y, out_kernel, out_bias).reshape(b, n, d)
+    return _project(y, out_kernel, out_bias).reshape(b, n, d)[:, :n_real]
 
 
 def _fused_attention(q, k, v, mask, impl: str, *, fallback: bool,
-                     bias=None):
+                     bias=None, valid=None):
   """``jax.nn.dot_product_attention`` ('xla' or 'cudnn'); ``mask`` (B, S)
   marks the keys to attend to. cuDNN runs through
   :func:`kernels.padded_attention` (its training kernels refuse odd
@@ -446,7 +460,24 @@ def _fused_attention(q, k, v, mask, impl: str, *, fallback: bool,
   no cuDNN, as on a ROCm GPU: RuntimeError) runs XLA's where ``fallback``
   (the implementation was chosen, not requested); an error of the run
   itself (JaxRuntimeError: out of memory, a failed kernel) is raised.
-  ``bias`` (1, H, N, S): added to the logits (XLA's path only)."""
+  ``bias`` (1, H, N, S): added to the logits (XLA's path only).
+  ``valid``: q, k and v were padded at the end; only their first ``valid``
+  tokens are real (keys past them are masked out; their query rows are
+  the caller's to drop)."""
+  if valid is not None:  # no mask and no bias here (the caller's check)
+    b = q.shape[0]
+    lengths = jnp.full((b,), valid, jnp.int32)
+    try:
+      return jax.nn.dot_product_attention(
+          q, k, v, query_seq_lengths=lengths, key_value_seq_lengths=lengths,
+          implementation=impl)
+    except (NotImplementedError, RuntimeError) as e:
+      if (impl != "cudnn" or not fallback or
+          isinstance(e, jax.errors.JaxRuntimeError)):
+        raise
+      return jax.nn.dot_product_attention(
+          q, k, v, query_seq_lengths=lengths, key_value_seq_lengths=lengths,
+          implementation="xla")
   if bias is not None:
     b, n, s = q.shape[0], q.shape[1], k.shape[1]
     return jax.nn.dot_product_attention(
@@ -493,15 +524,25 @@ class MlpBlock(nn.Module):
     cfg = self.config
     d, width = x.shape[-1], cfg.mlp_dim
     x = x.astype(cfg.dtype)
-    # In bf16/f16 the hidden layer leaves its GEMM in float32 (the GEMM
-    # accumulates in float32 anyway) and GELU runs in float32: exact-erf
-    # GELU and its gradient are slower in bf16 on CPU, and less accurate.
+    # In bf16/f16 the activation runs in float32 (exact-erf GELU and its
+    # gradient are less accurate in bf16, and slower on CPU). On the CPU
+    # the hidden layer leaves its GEMM in float32 (the GEMM accumulates in
+    # float32 anyway). On a GPU / TPU it stays in the compute dtype between
+    # ops, as under torch's autocast, and is widened inside the
+    # activation's fused elementwise op: the (tokens, mlp_dim) tensors are
+    # the largest a block writes, and in float32 their writes, reads and
+    # roundings took 7 of ViT-B/16's 83 ms train step on an H200
+    # (docs/accelerators.md).
     low = x.dtype in (jnp.bfloat16, jnp.float16)
-    hidden_dtype = jnp.float32 if low else None
+    wide_hidden = low and jax.default_backend() == "cpu"
+    hidden_dtype = jnp.float32 if wide_hidden else None
     dense = functools.partial(Dense, param_dtype=cfg.param_dtype,
                               use_bias=cfg.proj_bias)
     act = activation(cfg.act)
-    if cfg.gated_mlp is None and cfg.act == "gelu":
+    if low and not wide_hidden:
+      act = functools.partial(_widened, activation(cfg.act))
+    if cfg.gated_mlp is None and cfg.act == "gelu" and not (
+        low and not wide_hidden):
       x = dense(width, name="Dense_0")(x, out_dtype=hidden_dtype,
                                        with_gelu=True)
     elif cfg.gated_mlp is None:
@@ -522,6 +563,11 @@ class MlpBlock(nn.Module):
       x = cfg.norm()(name="LayerNorm_0")(x)
     x = dense(d, name="Dense_1")(x)
     return nn.Dropout(cfg.dropout_rate)(x, deterministic=self.deterministic)
+
+
+def _widened(fn, h):
+  """``fn(h)`` computed in float32, returned in ``h``'s dtype."""
+  return fn(h.astype(jnp.float32)).astype(h.dtype)
 
 
 class LayerScale(nn.Module):
