@@ -386,7 +386,8 @@ def torch_kernel_group(name: str) -> str:
   """A CUDA kernel's group by its name (eager ATen kernels, cuBLAS /
   CUTLASS GEMMs, torch.compile's Triton kernels named by what they fuse)."""
   n = name.lower()
-  for g, keys in (("attention matmuls", ("flash", "fmha", "attention")),
+  for g, keys in (("attention matmuls", ("flash", "fmha", "attention",
+                                         "sdpa", "dot_do_o", "convert_dq")),
                   ("dense GEMMs", ("gemm", "cutlass", "nvjet", "xmma",
                                    "_mm_", "triton_tem_fused")),
                   ("optimizer", ("adam", "foreach", "multi_tensor")),
