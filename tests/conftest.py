@@ -1,6 +1,9 @@
 """Test-session setup shared by all test files."""
 
+import atexit
 import os
+import shutil
+import tempfile
 
 # The suite compiles hundreds of small XLA programs and runs each a few
 # times: compiling is half its time. XLA's LLVM backend at -O0 compiles them
@@ -13,6 +16,21 @@ if os.environ.get("VIT_JAX_TEST_XLA_OPT") != "1":
   os.environ["XLA_FLAGS"] = " ".join(f for f in (
       os.environ.get("XLA_FLAGS", ""),
       "--xla_backend_optimization_level=0") if f)
+
+# One persistent XLA compilation cache per test run, in a temporary folder
+# (never the user's), shared by pytest-xdist's workers and every process the
+# tests start: the same small programs are compiled by many tests in each
+# process and by both workers. The first process to load this file (the
+# controller, or a plain run) makes it and removes it at exit; the workers
+# and children inherit its path. The cache keys on the program and XLA's
+# flags, so the numbers are those of a fresh compile.
+if "VIT_JAX_TEST_XLA_CACHE" not in os.environ:
+  os.environ["VIT_JAX_TEST_XLA_CACHE"] = tempfile.mkdtemp(
+      prefix="vit_jax_test_xla_cache_")
+  atexit.register(shutil.rmtree, os.environ["VIT_JAX_TEST_XLA_CACHE"],
+                  ignore_errors=True)
+os.environ["JAX_COMPILATION_CACHE_DIR"] = os.environ["VIT_JAX_TEST_XLA_CACHE"]
+os.environ["JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS"] = "0"
 
 # torch/torchvision must be imported before TensorFlow: importing torchvision
 # (which loads triton) after TensorFlow crashes the process on this stack.

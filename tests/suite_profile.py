@@ -25,6 +25,7 @@ import collections
 import functools
 import json
 import os
+import re
 import subprocess
 import sys
 import threading
@@ -195,6 +196,8 @@ def slow_list(path, under: float = 2.0):
   per = collections.defaultdict(list)
   for line in open(path):
     r = json.loads(line)
+    # pytest-xdist's loadgroup reports a grouped test as "id@group".
+    r["nodeid"] = re.sub(r"@[\w.-]+$", "", r["nodeid"])
     per[r["nodeid"].split("::")[0]].append(r)
   out = [f"# Tests marked slow (conftest.py): {under:g} s or more in "
          f"`VIT_JAX_SUITE_PROFILE={os.path.basename(path)}`, the README's "

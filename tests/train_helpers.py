@@ -27,8 +27,11 @@ if REPO not in sys.path:
 _DATA_DIR = None
 # Subprocesses share a persistent XLA compilation cache: the runs of one test
 # compile the same programs (it also makes no difference to the numbers).
-_JAX_CACHE = tempfile.mkdtemp(prefix="vit_jax_xla_cache_")
-atexit.register(shutil.rmtree, _JAX_CACHE, ignore_errors=True)
+# Under pytest, the test run's (conftest.py), shared with the test processes.
+_JAX_CACHE = os.environ.get("VIT_JAX_TEST_XLA_CACHE")
+if _JAX_CACHE is None:
+  _JAX_CACHE = tempfile.mkdtemp(prefix="vit_jax_xla_cache_")
+  atexit.register(shutil.rmtree, _JAX_CACHE, ignore_errors=True)
 # Keys of metrics.jsonl rows that depend on wall time, not on the numbers.
 TIMING_KEYS = {"img_per_sec", "eval_seconds", "time"}
 
