@@ -13,14 +13,16 @@ inputs: the per-image resize of the position grid, the padding masks),
 :mod:`~vit_jax.models.resnet` (the hybrids' ResNet stem),
 :mod:`~vit_jax.models.relpos` (BEiT's relative position bias),
 :mod:`~vit_jax.models.sam` (SAM's windows, decomposed relative positions
-and neck),
+and neck), :mod:`~vit_jax.models.cait` (CaiT's talking heads and class
+attention),
 :mod:`~vit_jax.models.analysis` (attention maps, rollout, feature PCA). This room imports nothing else of vit_jax, nor
 torch or TensorFlow.
 """
 
 from vit_jax.models.layers import (  # noqa: F401  (building blocks)
-    LN_EPS, AddPositionEmbs, BlockConfig, Encoder, Encoder1DBlock, LayerNorm,
-    MAPHead, MlpBlock, MultiHeadDotProductAttention, PatchEmbed, activation)
+    LN_EPS, AddPositionEmbs, BlockConfig, ClassAttentionBlock, Encoder,
+    Encoder1DBlock, LayerNorm, MAPHead, MlpBlock, MultiHeadDotProductAttention,
+    PatchEmbed, activation)
 from vit_jax.models.resnet import ResNetConfig  # noqa: F401
 from vit_jax.models.variants import (  # noqa: F401
     ARCH_FIELDS, FIELDS, OPTION_FIELDS, SIZES, VARIANTS, Variant, arch_record,

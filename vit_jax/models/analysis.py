@@ -45,7 +45,11 @@ def attention_weights(model, variables, images) -> np.ndarray:
 
 
 def num_prefix_tokens(model) -> int:
-  """Tokens before the patches: the class token, then registers."""
+  """Tokens before the patches in the blocks' attention: the class token,
+  then registers (none in a CaiT's blocks: its class token joins the
+  patches after them)."""
+  if getattr(model, "class_attn_layers", 0):
+    return 0
   return int(model.num_prefix_tokens)
 
 

@@ -22,7 +22,7 @@ import jax.numpy as jnp
 from jax import lax
 import numpy as np
 
-from vit_jax.models import interpolate, kernels, naflex, relpos
+from vit_jax.models import cait, interpolate, kernels, naflex, relpos
 from vit_jax.models import rope as rope_lib
 from vit_jax.models import sam as sam_lib
 
@@ -183,6 +183,7 @@ class BlockConfig:
   rope: Optional[str] = None
   rel_pos_bias: Optional[str] = None  # BEiT's relative position bias
   rel_pos: bool = False  # SAM's decomposed relative positions
+  talking_heads: bool = False  # CaiT's logits mixed across heads
 
   @classmethod
   def of(cls, module) -> "BlockConfig":
@@ -344,6 +345,9 @@ class MultiHeadDotProductAttention(nn.Module):
   ``rel_pos_h`` / ``rel_pos_w`` made for ``table``
   (:mod:`vit_jax.models.sam`); they take :func:`sam.attention_impl`'s path.
   Every bias given is added to the logits, a key mask's included.
+  ``talking_heads``: CaiT's logits and probabilities mixed across heads
+  (``proj_l`` / ``proj_w``, :mod:`vit_jax.models.cait`), computed as XLA
+  ops with both materialised.
   """
 
   config: BlockConfig = BlockConfig()
@@ -380,7 +384,8 @@ class MultiHeadDotProductAttention(nn.Module):
     # block, forward and backward; kernels.padded_attention).
     pad = (impl == "cudnn" and n % 2 == 1 and inputs_kv is inputs_q
            and mask is None and rope is None and rel_pos is None
-           and decomposed is None and cfg.rel_pos_bias is None)
+           and decomposed is None and cfg.rel_pos_bias is None
+           and not cfg.talking_heads)
     n_real = n
     if pad:
       inputs_q = inputs_kv = jnp.pad(inputs_q, ((0, 0), (0, 1), (0, 0)))
@@ -415,7 +420,16 @@ class MultiHeadDotProductAttention(nn.Module):
     elif rel_pos is not None:
       impl = relpos.attention_impl(impl, cfg.attention_impl)
     scale = 1.0 / math.sqrt(hd)
-    if impl in ("matmul", "weights"):
+    if cfg.talking_heads:  # CaiT: the heads' logits and weights mixed
+      weights = cait.talking_heads_weights(
+          q, k, scale, cait.HeadMix(cfg.param_dtype, name="proj_l"),
+          cait.HeadMix(cfg.param_dtype, name="proj_w")).astype(cfg.dtype)
+      if cfg.sow_attention_weights:
+        self.sow("intermediates", "attention_weights", weights)
+      if use_dropout:
+        weights = nn.Dropout(rate)(weights, deterministic=False)
+      y = jnp.einsum("bhqk,bkhd->bqhd", weights, v)
+    elif impl in ("matmul", "weights"):
       qh, kh, vh = (kernels.head_major(t) for t in (q, k, v))
       bias = None if mask is None else naflex.attention_bias(mask)
       if rel_pos is not None:  # (1, H, T, T), plus a key mask's bias
@@ -649,6 +663,34 @@ class Encoder1DBlock(nn.Module):
     return out, out
 
 
+class ClassAttentionBlock(nn.Module):
+  """CaiT's class-attention block (timm's ``LayerScaleBlockClassAttn``;
+  :mod:`vit_jax.models.cait`): the class token (B, 1, D) attends to
+  [class token, patches] (its query alone; the keys and values of both,
+  through the block's first norm), then runs through the MLP; both
+  branches scaled by LayerScale when ``config.layer_scale_init`` is set.
+  Returns the new class token; the patches are read, not changed.
+  ``config``: the blocks' record, used as timm's class-attention blocks
+  use it: plain attention (no talking heads), no dropout or stochastic
+  depth. Parameters as :class:`Encoder1DBlock`'s."""
+
+  config: BlockConfig = BlockConfig()
+
+  @nn.compact
+  def __call__(self, cls, x):
+    cfg = dataclasses.replace(self.config, talking_heads=False,
+                              dropout_rate=0.0, attention_dropout_rate=0.0)
+    norm = cfg.norm()
+    scale = (
+        lambda y: LayerScale(cfg.layer_scale_init, cfg.param_dtype)(y)
+    ) if cfg.layer_scale_init is not None else (lambda y: y)
+    u = norm(name="LayerNorm_0")(jnp.concatenate([cls, x], axis=1))
+    cls = cls + scale(MultiHeadDotProductAttention(
+        cfg, name="MultiHeadDotProductAttention_0")(u[:, :1], u))
+    y = MlpBlock(cfg, name="MlpBlock_0")(norm(name="LayerNorm_1")(cls))
+    return cls + scale(y)
+
+
 class MAPHead(nn.Module):
   """Multihead attention pooling (big_vision's ``MAPHead``, timm's
   ``attn_pool``): a learned ``probe`` token attends to all tokens, then a
@@ -796,6 +838,13 @@ class Encoder(nn.Module):
   its padding out of every attention. ``window_size`` /
   ``global_attn_indexes`` (with the block record's ``rel_pos``): SAM's
   windowed blocks and relative positions (:mod:`vit_jax.models.sam`).
+  ``class_attn_layers``: CaiT's class token kept apart from the blocks
+  (which see the patches only) and updated by that many class-attention
+  blocks after them (:class:`ClassAttentionBlock`, ``classblock_{i}``),
+  then put before the patches for the final norm. ``drop_path_schedule``:
+  the blocks' stochastic-depth rates grow linearly from 0 to
+  ``drop_path_rate`` (``'linear'``) or are all that rate (``'constant'``:
+  CaiT's; :mod:`vit_jax.models.cait`).
   """
 
   block: BlockConfig
@@ -822,6 +871,8 @@ class Encoder(nn.Module):
   naflex_grid: Tuple[int, int] = (16, 16)
   window_size: int = 0  # SAM: windowed attention but in the global blocks
   global_attn_indexes: Tuple[int, ...] = ()
+  class_attn_layers: int = 0  # CaiT: the class token's blocks, after these
+  drop_path_schedule: str = "linear"
 
   def _rope_tables(self, grid, num_prefix: int, hidden: int, train: bool):
     if self.block.rope is None:
@@ -848,6 +899,18 @@ class Encoder(nn.Module):
         self.block.num_heads, self.block.param_dtype,
         name="rel_pos_bias")(grids, num_tokens), None
 
+  def _class_attention(self, cls, x):
+    """CaiT: the class token through the class-attention blocks, then
+    before the patch tokens x (B, N, D) -> (B, 1 + N, D)."""
+    block_cls = ClassAttentionBlock
+    if self.remat_policy not in (None, "none"):
+      block_cls = nn.remat(block_cls,
+                           policy=_remat_policy(self.remat_policy))
+    cls = cls.astype(x.dtype)
+    for i in range(self.class_attn_layers):
+      cls = block_cls(self.block, name=f"classblock_{i}")(cls, x)
+    return jnp.concatenate([cls.astype(x.dtype), x], axis=1)
+
   @nn.compact
   def __call__(self, x, *, prefix=None, grid: Optional[Tuple[int, int]],
                train: bool, take: Optional[Sequence[int]] = None,
@@ -858,6 +921,9 @@ class Encoder(nn.Module):
     Returns (encoded tokens, block outputs): every block's output, or those
     of the blocks ``take`` lists (0-based, in that order), passed through
     the final norm with ``norm_taken``."""
+    cls_apart = None
+    if self.class_attn_layers:  # CaiT: the class token joins after the blocks
+      cls_apart, prefix = prefix, None
     num_prefix = 0 if prefix is None else prefix.shape[1]
     # The prefix tokens that get a position row: all, none
     # (no_embed_class), or all but the registers (no_embed_registers).
@@ -900,8 +966,10 @@ class Encoder(nn.Module):
     if self.remat_policy not in (None, "none"):
       block_cls = nn.remat(block_cls, policy=_remat_policy(self.remat_policy),
                            prevent_cse=not self.scan_layers)
-    # Stochastic depth rate grows linearly from 0 (first block) to the rate.
-    rates = np.linspace(0.0, self.drop_path_rate, self.num_layers)
+    if self.drop_path_schedule == "constant":  # CaiT's: every block at it
+      rates = np.full(self.num_layers, self.drop_path_rate)
+    else:  # grows linearly from 0 (first block) to the rate
+      rates = np.linspace(0.0, self.drop_path_rate, self.num_layers)
     kwargs = dict(config=self.block, use_drop_path=self.drop_path_rate > 0.0,
                   deterministic=not train)
     if grids is not None:
@@ -945,6 +1013,8 @@ class Encoder(nn.Module):
         else:
           x, _ = block(x, float(rates[i]), rope, mask)
         block_outputs.append(x)
+    if cls_apart is not None:
+      x = self._class_attention(cls_apart, x)
     if take is not None:
       block_outputs = [block_outputs[i] for i in take]
     if not self.final_norm:

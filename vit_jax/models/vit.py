@@ -62,6 +62,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from vit_jax.models import cait as cait_lib
 from vit_jax.models import naflex as naflex_lib, resnet as resnet_lib
 from vit_jax.models import relpos, rope as rope_lib, sam as sam_lib
 from vit_jax.models.layers import (  # noqa: F401  (re-exported building blocks)
@@ -139,7 +140,8 @@ class VisionTransformer(nn.Module):
     layer_norm_eps: epsilon of every LayerNorm (1e-6; CLIP 1e-5; Hugging
       Face ViT 1e-12).
     dropout_rate, attention_dropout_rate: dropout probabilities.
-    drop_path_rate: stochastic depth of the last block (linear from 0).
+    drop_path_rate: stochastic depth of the last block (linear from 0; of
+      every block with ``drop_path_schedule='constant'``).
     dtype: compute dtype (e.g. ``jnp.bfloat16``); param_dtype: parameters'.
     conv_stem: torchvision's convolutional stem (``ConvStemConfig`` list)
       in place of the single patchify conv; its strides multiply to
@@ -258,6 +260,25 @@ class VisionTransformer(nn.Module):
       :meth:`forward_features` returns its (B, h, w, C) map, which the head
       pools by its mean.
 
+  CaiT (timm's ``cait_*``; see :mod:`vit_jax.models.cait`):
+
+    talking_heads: talking-heads attention in the blocks: the logits mixed
+      across heads before the softmax and the probabilities after it, by
+      learned (heads, heads) maps with biases (``proj_l`` / ``proj_w`` in
+      each block's attention). Runs as XLA ops with the probabilities
+      materialised (``attention_impl='cudnn'`` is refused).
+    class_attn_layers: the class token stays out of the blocks (which see
+      the patches only; ``no_embed_class=True``) and is updated after them
+      by this many class-attention blocks (``Transformer/classblock_{i}``:
+      its query attends to [class token, patches], then an MLP, LayerScale
+      on both; the blocks' MLP width; no dropout nor stochastic depth), then
+      joins the patches for the final norm. :meth:`forward_intermediates`'
+      block outputs are patch tokens only, as timm's.
+    drop_path_schedule: how ``drop_path_rate`` is spread over the blocks:
+      ``'linear'`` (from 0 at the first block to the rate at the last) or
+      ``'constant'`` (every block at the rate: CaiT's). Part of the
+      architecture record (timm's CaiT fixes it).
+
   ``image_size`` not a multiple of the patch (SigLIP so400m/14 at 384): the
   patch convolution leaves the last pixels out, as timm's and torchvision's
   do; only inputs of exactly that size are accepted.
@@ -332,6 +353,9 @@ class VisionTransformer(nn.Module):
   global_attn_indexes: Tuple[int, ...] = ()
   rel_pos: bool = False
   neck_chans: Optional[int] = None
+  talking_heads: bool = False
+  class_attn_layers: int = 0
+  drop_path_schedule: str = "linear"
 
   @property
   def has_class_token(self) -> bool:
@@ -398,6 +422,7 @@ class VisionTransformer(nn.Module):
     if self.resnet is not None:
       self._check_resnet()
     sam_lib.check(self)
+    cait_lib.check(self)
     if self.conv_stem:
       stride = int(np.prod([c.stride for c in self.conv_stem]))
       if stride != self.patch_size:
@@ -686,7 +711,9 @@ class VisionTransformer(nn.Module):
       patch embedding of it is sown as ``'stem'``). A NaFlex dict (whose
       images have grids of their own: ``output_fmt='NLC'`` only, as timm)
       gives :meth:`forward_features`' dict (the padded tokens and
-      ``patch_valid``, which also marks the intermediates' padding).
+      ``patch_valid``, which also marks the intermediates' padding). A
+      CaiT's (``class_attn_layers``) are its blocks' patch tokens, as
+      timm's (the class token joins them after the blocks).
     """
     if output_fmt not in ("NHWC", "NLC", "NCHW"):
       raise ValueError(f"output_fmt={output_fmt!r}: expected 'NHWC', 'NLC' "
@@ -697,6 +724,11 @@ class VisionTransformer(nn.Module):
           f"grids of their own, so there is no one spatial layout; use "
           f"output_fmt='NLC' (patch_valid marks the padding; patch_coord "
           f"places each token).")
+    if return_prefix_tokens and self.class_attn_layers:
+      raise ValueError(
+          "return_prefix_tokens: a CaiT's blocks (class_attn_layers) see the "
+          "patch tokens only; its class token joins them after the blocks, "
+          "so no intermediate has prefix tokens (as timm's Cait).")
     take = feature_take_indices(self.num_layers, indices)
     encoded, blocks, grid, valid = self._encode(images, train, take=take,
                                                 norm_taken=norm)
@@ -704,7 +736,8 @@ class VisionTransformer(nn.Module):
       encoded = {"patches": encoded, "patch_valid": valid}
     elif self.neck_chans:  # SAM: the final features are the neck's map
       encoded = self._neck_map(encoded, grid)
-    p = self.num_prefix_tokens
+    # CaiT's blocks see the patches only (the class token joins after them).
+    p = 0 if self.class_attn_layers else self.num_prefix_tokens
     out: List[Any] = []
     for y in blocks:
       tokens = y[:, p:]
