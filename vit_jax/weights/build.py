@@ -156,6 +156,8 @@ _SHOWN = (
     ("relative position bias", lambda a: a.get("rel_pos_bias") or "none"),
     ("decomposed relative positions", lambda a: bool(a.get("rel_pos"))),
     ("a SAM neck", lambda a: bool(a.get("neck_chans"))),
+    ("class-attention blocks", lambda a: int(a.get("class_attn_layers") or 0)),
+    ("talking-heads attention", lambda a: bool(a.get("talking_heads"))),
 )
 # What only the name decides, compared where the weights come with a record
 # of it (a training checkpoint, our safetensors).
@@ -422,12 +424,15 @@ def _named(name: Optional[str]) -> Dict[str, Any]:
     return {}
 
 
-def _heads(name, num_heads, hints, width) -> int:
-  """Stated, else the name's (if the width is the name's), else the
-  width's usual number."""
+def _heads(name, num_heads, hints, width, shown=None) -> int:
+  """Stated, else what the weights show (CaiT's talking-heads maps),
+  else the name's (if the width is the name's), else the width's usual
+  number."""
   named = _named(name)
   if num_heads:
     return int(num_heads)
+  if shown:
+    return int(shown)
   if named.get("hidden_size") in (None, width):
     if hints.get("num_heads") or named.get("num_heads"):
       return int(hints.get("num_heads") or named["num_heads"])
@@ -449,7 +454,8 @@ def from_state_dict(state_dict, name: Optional[str] = None, *,
       (timm's activation, LayerNorm epsilon, heads) and is checked against
       the weights.
     layout: a name of :data:`vit_jax.weights.layouts.LAYOUTS` ('torchvision',
-      'timm' (VisionTransformer's or Eva's names, from the keys), 'timm_eva',
+      'timm' (VisionTransformer's, Eva's, Beit's, SAM's or Cait's names,
+      from the keys), 'timm_eva', 'timm_cait',
       'transformers', 'transformers_dinov2', 'transformers_dinov2_reg',
       'transformers_dinov3', 'transformers_clip', 'transformers_siglip',
       'transformers_aimv2'); default: read from the keys.
@@ -491,6 +497,9 @@ def from_state_dict(state_dict, name: Optional[str] = None, *,
   if layout == "timm_beit" and "classifier" not in hints:
     hints["classifier"] = layouts.beit_pooling(sd)  # as timm's Beit pools
   _refuse_unknown(table, sd, mapping.unmatched(table, sd))
+  if layout == "timm_cait" and not any(k.startswith("blocks_token_only.")
+                                       for k in sd):
+    raise ValueError(layouts.CAIT_WITHOUT_CLASS_ATTENTION)
   if layout == "timm" and name is None and "norm_pre.weight" in sd:
     raise layouts.Undecided(CLIP_NEEDS_A_NAME, "model_name")
   if layout in _NAME_DECIDES and _NAME_DECIDES[layout][0] not in hints:
@@ -499,7 +508,7 @@ def from_state_dict(state_dict, name: Optional[str] = None, *,
       raise layouts.Undecided(needs, "model_name")
     raise NameMismatch(f"{name!r} {wrong}", {})
   heads = _heads(name, overrides.get("num_heads"), hints,
-                 _width(table, sd))
+                 _width(table, sd), layouts.cait_heads(sd))
   flat, _ = mapping.to_ours(table, sd, {
       "model": heads, "map": int(hints.get("map_heads") or heads)})
   variables = trees.unflatten(flat)

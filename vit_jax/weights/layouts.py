@@ -371,8 +371,62 @@ TIMM_SAM = Layout("timm_sam", rows=(
 ))
 
 
+# timm's Cait (CaiT): the blocks' talking-heads attention (a fused qkv, the
+# heads' mixing proj_l / proj_w), LayerScale gamma_1 / gamma_2 (Eva's
+# names), a position embedding of the patches only; then the class-attention
+# blocks (blocks_token_only.*: separate q, k, v), the final norm, the head.
+# Every timm Cait drops paths at one rate in every block (fixed).
+_TC = "blocks_token_only.{i}."
+C = "params/Transformer/classblock_{i}/"  # our class-attention block
+C_ATTN = C + "MultiHeadDotProductAttention_0"
+
+
+def _layer_scale_block(theirs: str, ours: str, attention):
+  """A CaiT block: gamma_1 / gamma_2, the norms, ``attention``'s rows,
+  the MLP (fc1 / fc2)."""
+  return (Row(theirs + "gamma_1", (ours + "LayerScale_0/scale",)),
+          Row(theirs + "gamma_2", (ours + "LayerScale_1/scale",)),
+          *norm(theirs + "norm1.", ours + "LayerNorm_0"),
+          *attention,
+          *norm(theirs + "norm2.", ours + "LayerNorm_1"),
+          *dense(theirs + "mlp.fc1.", ours + "MlpBlock_0/Dense_0"),
+          *dense(theirs + "mlp.fc2.", ours + "MlpBlock_0/Dense_1"))
+
+
+TIMM_CAIT = Layout("timm_cait", rows=(
+    Row("cls_token", ("params/cls",)),
+    Row("pos_embed", (POS,)),
+    *conv("patch_embed.proj.", "params/embedding"),
+    Repeat(_layer_scale_block(_TM, E, (
+        *fused_qkv(_TM + "attn.qkv.weight", _TM + "attn.qkv.bias", ATTN),
+        *out_proj(_TM + "attn.proj.", ATTN),
+        *dense(_TM + "attn.proj_l.", ATTN + "/proj_l"),
+        *dense(_TM + "attn.proj_w.", ATTN + "/proj_w")))),
+    Repeat(_layer_scale_block(_TC, C, (
+        *split_qkv(_TC + "attn.", C_ATTN, names=("q", "k", "v")),
+        *out_proj(_TC + "attn.proj.", C_ATTN)))),
+    *norm("norm.", "params/Transformer/encoder_norm"),
+    *dense("head.", "params/head"),
+), aliases=((r"^module\.", ""),), resample="timm",
+   fixed=(("drop_path_schedule", "constant"),))
+
+CAIT_WITHOUT_CLASS_ATTENTION = (
+    "These are the weights of a timm Cait without class-attention blocks "
+    "(no blocks_token_only.*: depth_token_only=0), whose class token never "
+    "meets the patches; vit_jax computes CaiT with its class-attention "
+    "blocks (class_attn_layers), as every released cait_* has them.")
+
+
+def cait_heads(keys_and_shapes: Mapping[str, Any]) -> Optional[int]:
+  """The heads a CaiT state dict shows: its talking-heads maps are
+  (heads, heads) (None without them)."""
+  w = keys_and_shapes.get("blocks.0.attn.proj_l.weight")
+  return None if w is None else int(np.shape(w)[0])
+
+
 def timm_layout(keys) -> str:
-  """``'timm_naflex'`` for NaFlexVit's ``embeds.*``; ``'timm_beit'`` for
+  """``'timm_naflex'`` for NaFlexVit's ``embeds.*``; ``'timm_cait'`` for
+  Cait's class-attention blocks or talking heads; ``'timm_beit'`` for
   BEiT's relative position tables; ``'timm_sam'`` for
   VisionTransformerSAM's neck or rel-pos tables; ``'timm_eva'`` for
   keys only timm's Eva has (LayerScale ``gamma_1``, ``q_bias`` /
@@ -380,6 +434,9 @@ def timm_layout(keys) -> str:
   keys = list(keys)
   if any(k.startswith("embeds.") for k in keys):
     return "timm_naflex"
+  cait = re.compile(r"^(blocks_token_only\.|blocks\.\d+\.attn\.proj_[lw]\.)")
+  if any(cait.match(k) for k in keys):
+    return "timm_cait"
   beit = re.compile(r"^(blocks\.\d+\.attn\.|rel_pos_bias\.)"
                     r"relative_position_bias_table$")  # not Swin's layers.*
   if any(beit.match(k) for k in keys):
@@ -392,7 +449,8 @@ def timm_layout(keys) -> str:
 
 def timm_layout_of(flat) -> str:
   """The timm class a tree of ours loads into: ``'timm_naflex'`` for a
-  NaFlex position grid (NaFlexVit); ``'timm_beit'`` for relative position
+  NaFlex position grid (NaFlexVit); ``'timm_cait'`` for class-attention
+  blocks (Cait); ``'timm_beit'`` for relative position
   tables (Beit); ``'timm_sam'`` for SAM's neck or decomposed rel-pos
   tables (VisionTransformerSAM); ``'timm_eva'`` where only Eva can hold
   it (no learned position embedding: DINOv3; a query bias without a key
@@ -401,6 +459,8 @@ def timm_layout_of(flat) -> str:
   keys = list(flat)
   if POS_GRID in keys:
     return "timm_naflex"
+  if any(k.startswith("params/Transformer/classblock_") for k in keys):
+    return "timm_cait"
   if any(k.endswith(REL_TABLE) for k in keys):
     return "timm_beit"
   if any(k.startswith("params/neck/") or k.endswith("/rel_pos_h")
@@ -725,7 +785,7 @@ TRANSFORMERS_SAM = Layout("transformers_sam", rows=(
 
 LAYOUTS = {layout.name: layout for layout in (
     TORCHVISION, TIMM, TIMM_EVA, TIMM_BEIT, TIMM_NAFLEX, TIMM_SAM,
-    TRANSFORMERS_VIT,
+    TIMM_CAIT, TRANSFORMERS_VIT,
     TRANSFORMERS_DINOV2, TRANSFORMERS_DINOV2_REG, TRANSFORMERS_DINOV3,
     TRANSFORMERS_CLIP, TRANSFORMERS_SIGLIP, TRANSFORMERS_SIGLIP2,
     TRANSFORMERS_AIMV2, TRANSFORMERS_BEIT, TRANSFORMERS_DATA2VEC_VISION,
@@ -754,7 +814,12 @@ def transformers_layout_of(arch: Mapping[str, Any]) -> str:
   the blocks, AIMv2 for RMSNorm, DINOv3 for RoPE (no position embedding),
   DINOv2 with registers / DINOv2 for LayerScale, else ViT; SigLIP 2's
   NaFlex tower for a NaFlex model; BEiT's for a relative position bias;
-  SAM's (SamVisionModel) for its neck, windows or relative positions."""
+  SAM's (SamVisionModel) for its neck, windows or relative positions.
+  CaiT (talking heads, class attention) has no transformers model."""
+  if arch.get("class_attn_layers") or arch.get("talking_heads"):
+    raise ValueError("transformers has no CaiT (talking-heads attention, "
+                     "class-attention blocks): export it with to_timm "
+                     "(timm's Cait) or in our own layout.")
   if arch.get("rel_pos_bias"):
     return "transformers_beit"
   if arch.get("naflex"):
@@ -884,6 +949,10 @@ _TIMM_NAME = re.compile(
 _TIMM_HYBRID_NAME = re.compile(
     r"^vit_(?P<size>tiny|small|base|large)_r(?P<resnet>\d*)_s(?P<stride>\d+)"
     r"(?:_p(?P<patch>\d+))?_(?P<res>\d+)$")
+# CaiT: cait_{size}{depth}_{res} (patches of 16).
+_TIMM_CAIT_NAME = re.compile(r"^cait_(?P<size>xxs|xs|s|m)(?P<depth>\d+)_"
+                             r"(?P<res>\d+)$")
+CAIT_WIDTHS = {"xxs": 192, "xs": 288, "s": 384, "m": 768}
 # Widths of a family's size where it is not timm's usual one.
 _FAMILY_WIDTHS = (
     (r"^vit_giant_patch14_(reg\d+_)?(dinov2|tipsv2)", 1536),
@@ -990,22 +1059,23 @@ TIMM_PREPROCESSING = tuple(
         (r"^deit", "imagenet", 0.875),
         (r"^beit3_", "imagenet", 1.0),
         (r"^beitv2_", "imagenet", 0.9),
-        (r"^samvit_", "imagenet", 1.0)))
+        (r"^samvit_", "imagenet", 1.0),
+        (r"^cait_", "imagenet", 1.0)))
 
 
 def parse_timm_name(name: str) -> Optional[Dict[str, Any]]:
   """``vit_small_patch14_reg4_dinov2.lvd142m`` -> {family, size, width,
   depth, patch_size, image_size, registers, base, resample, hybrid (a
-  ResNet stem: ``vit_base_r50_s16_224`` ...)}; None if it is
-  not a timm ViT name. ``resample``: how a checkpoint's position embedding
-  is resampled to another grid (``'timm'``, or RADIO's
+  ResNet stem: ``vit_base_r50_s16_224`` ...; CaiT: ``cait_s24_224``)};
+  None if it is not a timm ViT name. ``resample``: how a checkpoint's
+  position embedding is resampled to another grid (``'timm'``, or RADIO's
   ``'radio'`` / ``'radio_ac'``)."""
   base = name.split(".", 1)[0]
   if base.startswith("hf-hub:") or base.startswith("hf_hub:"):
     return None
   m = _TIMM_NAME.match(base)
   if m is None:
-    return _parse_hybrid_name(base)
+    return _parse_hybrid_name(base) or _parse_cait_name(base)
   rest = m.group("rest") or ""
   res = re.search(r"_(\d+)$", rest)
   reg = re.search(r"_reg(\d+)", rest)
@@ -1024,6 +1094,16 @@ def parse_timm_name(name: str) -> Optional[Dict[str, Any]]:
               registers=int(reg.group(1)) if reg else 0, base=base,
               distilled=bool(m.group("distilled")), resample=resample,
               hybrid=False)
+
+
+def _parse_cait_name(base: str) -> Optional[Dict[str, Any]]:
+  m = _TIMM_CAIT_NAME.match(base)
+  if m is None:
+    return None
+  return dict(family="cait", size=m.group("size"),
+              width=CAIT_WIDTHS[m.group("size")], depth=int(m.group("depth")),
+              patch_size=16, image_size=int(m.group("res")), registers=0,
+              base=base, distilled=False, resample="timm", hybrid=False)
 
 
 def _parse_hybrid_name(base: str) -> Optional[Dict[str, Any]]:
@@ -1083,7 +1163,7 @@ def refuse_unsupported_timm(name: str, error=ValueError) -> None:
         f"DINOv2 (incl. giant), DINOv3, EVA-02 (T/S/B/L, CLIP B/L), "
         f"Perception Encoder, AIMv2, CLIP, SigLIP / SigLIP 2 (incl. "
         f"NaFlex), C-RADIO (incl. NaFlex), timm's NaFlexVit, BEiT / BEiT "
-        f"v2 / BEiT-3, SAM's image encoder (samvit_*).")
+        f"v2 / BEiT-3, SAM's image encoder (samvit_*), CaiT (cait_*).")
 
 
 SAM_NEEDS_A_NAME = (

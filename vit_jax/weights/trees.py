@@ -17,6 +17,7 @@ from vit_jax import models
 from vit_jax.models import relpos
 
 _BLOCK = re.compile(r"^encoderblock_(\d+)$")
+_CLASS_BLOCK = re.compile(r"^classblock_\d+$")  # CaiT's class attention
 
 
 def to_numpy(x) -> np.ndarray:
@@ -189,7 +190,9 @@ def arch_of(variables, *, conv_stem=None, patch_size=None,
       mlp_norm="LayerNorm_0" in mlp_block, distilled="dist" in p,
       abs_pos_embed="posembed_input" in tr,
       rel_pos_bias=("shared" if "rel_pos_bias" in tr else
-                    "block" if "rel_pos_bias" in attn else None))
+                    "block" if "rel_pos_bias" in attn else None),
+      talking_heads="proj_l" in attn,
+      class_attn_layers=sum(1 for k in tr if _CLASS_BLOCK.match(k)))
   if gated:
     arch["act"] = "silu"  # every released SwiGLU gates by SiLU
   if "MAPHead_0" in p:
@@ -231,9 +234,10 @@ def arch_of(variables, *, conv_stem=None, patch_size=None,
 
   # The position embedding has a row per patch, and one per prefix token
   # unless the prefix tokens get none (no_embed_class), or only the class
-  # token does (transformers' DINOv2 with registers).
-  arch["no_embed_class"] = False
-  if not arch["abs_pos_embed"]:
+  # token does (transformers' DINOv2 with registers). CaiT's class token
+  # joins the patches after the blocks: its embedding covers the patches.
+  arch["no_embed_class"] = bool(arch["class_attn_layers"])
+  if not arch["abs_pos_embed"] or arch["class_attn_layers"]:
     return arch
   if "pos_grid" in tr["posembed_input"]:  # NaFlex: a grid resized per image
     shape = np.shape(tr["posembed_input"]["pos_grid"])
@@ -457,6 +461,10 @@ def describe(arch: Mapping[str, Any], name: Optional[str] = None,
     parts.append("decomposed relative positions")
   if arch.get("neck_chans"):
     parts.append(f"SAM neck {arch['neck_chans']}")
+  if arch.get("talking_heads"):
+    parts.append("talking heads")
+  if arch.get("class_attn_layers"):
+    parts.append(f"{arch['class_attn_layers']} class-attention blocks")
   if arch.get("norm_type", "layer") != "layer":
     parts.append(f"{arch['norm_type']} norm")
   for key in ("layer_scale_init", "pre_norm", "fc_norm", "no_embed_class",

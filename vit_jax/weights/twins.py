@@ -8,8 +8,9 @@ DeiT-III, DINOv2 incl. its giant's packed SwiGLU, CLIP, SigLIP, AIMv2,
 RADIO; the R50+ViT hybrids with a ``HybridEmbed``),
 ``VisionTransformerDistilled`` (DeiT with a distillation token),
 ``Eva`` (DINOv3, EVA-02, Perception Encoder), ``Beit`` (a relative
-position bias: BEiT, BEiT v2) or ``VisionTransformerSAM`` (Segment
-Anything's image encoder). torch,
+position bias: BEiT, BEiT v2), ``VisionTransformerSAM`` (Segment
+Anything's image encoder) or ``Cait`` (class attention, talking heads).
+torch,
 torchvision and timm are imported here only (after TensorFlow too:
 :func:`vit_jax.weights.files.torch_after_tensorflow`).
 """
@@ -72,8 +73,10 @@ def _pool(model) -> str:
 
 
 def timm_class(model, variables) -> str:
-  """``'beit'``, ``'sam'``, ``'eva'``, ``'distilled'`` or ``'vit'``: the
-  timm class of the tree."""
+  """``'cait'``, ``'beit'``, ``'sam'``, ``'eva'``, ``'distilled'`` or
+  ``'vit'``: the timm class of the tree."""
+  if model.class_attn_layers:
+    return "cait"
   if model.rel_pos_bias is not None:
     return "beit"
   flat = trees.flatten(trees.wrap(trees.unstack_layers(trees.wrap(variables))))
@@ -104,7 +107,9 @@ def timm_model(model, variables, image_size=None):
         f"timm's ViTs have a patch-embedding bias exactly when they have no "
         f"norm before the blocks (CLIP, PE); this model has patch_bias="
         f"{model.patch_bias}, pre_norm={model.pre_norm}.")
-  if kind == "beit":
+  if kind == "cait":
+    net = _cait(model, image_size)
+  elif kind == "beit":
     net = _beit(model, image_size)
   elif kind == "sam":
     net = _sam(model, image_size)
@@ -317,20 +322,55 @@ def _sam(model, image_size):
       ("q/v-only or no projection biases",
        not m.key_bias or not m.proj_bias),
       ("a representation layer", m.representation_size)) if on]
-  if lacks:
-    raise NoTwin(f"timm's VisionTransformerSAM has no {'; no '.join(lacks)}.")
-  d = m.hidden_size
+  _refuse("VisionTransformerSAM", lacks)
   return VisionTransformerSAM(
-      img_size=image_size, patch_size=m.patch_size, in_chans=m.num_channels,
-      num_classes=m.num_classes or 0, embed_dim=d, depth=m.num_layers,
-      num_heads=m.num_heads, mlp_ratio=_ratio(m.mlp_dim, d),
-      qkv_bias=m.qkv_bias, qk_norm=m.qk_norm,
-      init_values=m.layer_scale_init, pre_norm=m.pre_norm,
-      norm_layer=_norm(m), act_layer=_act(m.act),
+      **_sizes(m, image_size), qk_norm=m.qk_norm, pre_norm=m.pre_norm,
       use_abs_pos=m.abs_pos_embed, use_rel_pos=m.rel_pos,
       window_size=m.window_size,
       global_attn_indexes=tuple(m.global_attn_indexes),
       neck_chans=m.neck_chans, global_pool="avg")
+
+
+def _cait(model, image_size):
+  from timm.models.cait import Cait  # pylint: disable=import-outside-toplevel
+
+  m = model
+  lacks = [what for what, on in (
+      ("attention without talking heads", not m.talking_heads),
+      ("a model without LayerScale", m.layer_scale_init is None),
+      ("RoPE", m.rope is not None), ("registers", m.num_registers),
+      ("a distillation token", m.distilled),
+      ("a norm before the blocks", m.pre_norm),
+      ("a norm after the patch embedding", m.patch_norm),
+      ("q/k norms or norms inside the attention or MLP",
+       m.qk_norm or m.attn_norm or m.mlp_norm),
+      ("post-norm blocks", m.post_norm), ("a gated MLP", m.gated_mlp),
+      (f"classifier={m.classifier!r}", m.classifier == "map"),
+      ("q/v-only or no projection biases", not m.key_bias or not m.proj_bias),
+      ("RMSNorm", m.norm_type != "layer"), ("fc_norm", m.fc_norm),
+      ("a model without its final norm", not m.final_norm),
+      ("a representation layer", m.representation_size)) if on]
+  _refuse("Cait", lacks)
+  return Cait(**_sizes(m, image_size), global_pool=_pool(m),
+              depth_token_only=m.class_attn_layers,
+              mlp_ratio_token_only=_ratio(m.mlp_dim, m.hidden_size))
+
+
+def _refuse(cls: str, lacks) -> None:
+  if lacks:
+    raise NoTwin(f"timm's {cls} has no {'; no '.join(lacks)}.")
+
+
+def _sizes(m, image_size) -> dict:
+  """The constructor arguments timm's SAM and Cait share: sizes, heads,
+  MLP ratio, q/k/v biases, norm, activation, LayerScale."""
+  d = m.hidden_size
+  return dict(
+      img_size=image_size, patch_size=m.patch_size, in_chans=m.num_channels,
+      num_classes=m.num_classes or 0, embed_dim=d, depth=m.num_layers,
+      num_heads=m.num_heads, mlp_ratio=_ratio(m.mlp_dim, d),
+      qkv_bias=m.qkv_bias, norm_layer=_norm(m), act_layer=_act(m.act),
+      init_values=m.layer_scale_init)
 
 
 def torch_model(model, variables, image_size: Optional[int] = None):
