@@ -71,11 +71,14 @@ def from_transformers(state_dict_or_dir,
                       config: Optional[Mapping[str, Any]] = None, *,
                       image_size=None, **model_overrides):
   """Hugging Face transformers weights -> ``(model, variables)``: ``ViTModel``
-  / ``ViTForImageClassification``, and the image towers ``Dinov2Model``,
-  ``CLIPVisionModel`` (or a ``CLIPModel``'s vision half),
-  ``SiglipVisionModel`` (or a ``SiglipModel``'s) and ``SamVisionModel``
-  (or a ``SamModel``'s vision encoder: ``forward_features`` is its neck
-  map, NHWC).
+  / ``ViTForImageClassification``, ``ViTMAEModel`` (or a
+  ``ViTMAEForPreTraining``'s encoder, its decoder left out with a warning:
+  the encoder on every patch, in order), ``IJepaModel`` /
+  ``IJepaForImageClassification`` (the mean of the patches), and the image
+  towers ``Dinov2Model``, ``CLIPVisionModel`` (or a ``CLIPModel``'s vision
+  half), ``SiglipVisionModel`` (or a ``SiglipModel``'s) and
+  ``SamVisionModel`` (or a ``SamModel``'s vision encoder:
+  ``forward_features`` is its neck map, NHWC).
 
   ``state_dict_or_dir``: a state dict (``model.state_dict()``, or a model),
   or a directory written by ``save_pretrained`` (``config.json`` +
@@ -95,7 +98,10 @@ def params_to_transformers(variables, layout: Optional[str] = None):
   the tree, :func:`vit_jax.weights.saving.transformers_layout`):
   ``'transformers'`` (``ViTForImageClassification``: ``vit.`` prefix and
   ``classifier`` when there is a head; else ``ViTModel``, with ``pooler``
-  for ``pre_logits``), ``'transformers_dinov2'``, ``'transformers_clip'``
+  for ``pre_logits``; ViTMAEModel loads ViTModel's keys without a pooler),
+  ``'transformers_ijepa'`` (a tree that averages the patches without a
+  class token: ``IJepaModel``, ``IJepaForImageClassification`` with an
+  ``ijepa.`` prefix), ``'transformers_dinov2'``, ``'transformers_clip'``
   or ``'transformers_siglip'`` (the image towers)."""
   return saving.to_state_dict(variables, layout or "transformers")
 

@@ -17,6 +17,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import os
+import warnings
 from typing import Any, Dict, Mapping, Optional, Tuple
 
 import numpy as np
@@ -458,7 +459,8 @@ def from_state_dict(state_dict, name: Optional[str] = None, *,
       from the keys), 'timm_eva', 'timm_cait',
       'transformers', 'transformers_dinov2', 'transformers_dinov2_reg',
       'transformers_dinov3', 'transformers_clip', 'transformers_siglip',
-      'transformers_aimv2'); default: read from the keys.
+      'transformers_aimv2', 'transformers_vit_mae', 'transformers_ijepa');
+      default: read from the keys.
     config: a Hugging Face ``config.json`` (transformers layouts).
     image_size: resample the position embedding for this resolution.
     num_heads: the heads, where neither the name nor the width says.
@@ -472,6 +474,7 @@ def from_state_dict(state_dict, name: Optional[str] = None, *,
   if name is not None:
     check_known(name)
   sd = files.unwrap(state_dict, f"a {layout or 'ViT'} state_dict")
+  detected = layout is None
   layout = layout or layouts.detect(list(sd))
   if layout is None:
     keys = list(sd)
@@ -483,7 +486,12 @@ def from_state_dict(state_dict, name: Optional[str] = None, *,
         f"architecture (e.g. a ResNet)?")
   if layout == "timm":  # VisionTransformer's names or Eva's
     layout = layouts.timm_layout(mapping.canonical(layouts.TIMM, sd))
+  for what, keys in mapping.dropped(layouts.LAYOUTS[layout], sd).items():
+    warnings.warn(f"Not loaded: {len(keys)} keys of {what}, e.g. "
+                  f"{keys[0]!r}.", stacklevel=2)
   sd = mapping.canonical(layouts.LAYOUTS[layout], sd)
+  if detected and layout == "transformers_ijepa":
+    layouts.refuse_vit_without_class_token(sd)
   layout = layouts.refine(layout, sd)
   table = layouts.LAYOUTS[layout]
   hints: Dict[str, Any] = {}

@@ -485,8 +485,8 @@ def timm_layout_of(flat) -> str:
 # keep the v4 names, which the aliases rename on the way in.
 _HF = "layers.{i}."
 
-# transformers' ViT-style encoder keys (ViT, BEiT, Data2Vec-Vision) ->
-# the shared row names.
+# transformers' ViT-style encoder keys (ViT, ViTMAE, I-JEPA, BEiT,
+# Data2Vec-Vision) -> the shared row names.
 _HF_ENCODER_ALIASES = (
     (r"^encoder\.layer\.(\d+)\.attention\.attention\.(q|k|v)[a-z]*\.",
      r"layers.\1.attention.\2_proj."),
@@ -497,19 +497,23 @@ _HF_ENCODER_ALIASES = (
     (r"^encoder\.layer\.", "layers."),
 )
 
+# ViTModel's patch embedding and blocks, which ViTMAE and I-JEPA share.
+_HF_PATCHES = conv("embeddings.patch_embeddings.projection.",
+                   "params/embedding")
+_HF_VIT_BLOCKS = Repeat((
+    *split_qkv(_HF + "attention.", ATTN, names=("q_proj", "k_proj", "v_proj")),
+    *out_proj(_HF + "attention.o_proj.", ATTN),
+    *norm(_HF + "layernorm_before.", E + "LayerNorm_0"),
+    *norm(_HF + "layernorm_after.", E + "LayerNorm_1"),
+    *dense(_HF + "mlp.fc1.", E + "MlpBlock_0/Dense_0"),
+    *dense(_HF + "mlp.fc2.", E + "MlpBlock_0/Dense_1"),
+))
+
 TRANSFORMERS_VIT = Layout("transformers", rows=(
     Row("embeddings.cls_token", ("params/cls",)),
     Row("embeddings.position_embeddings", (POS,)),
-    *conv("embeddings.patch_embeddings.projection.", "params/embedding"),
-    Repeat((
-        *split_qkv(_HF + "attention.", ATTN,
-                   names=("q_proj", "k_proj", "v_proj")),
-        *out_proj(_HF + "attention.o_proj.", ATTN),
-        *norm(_HF + "layernorm_before.", E + "LayerNorm_0"),
-        *norm(_HF + "layernorm_after.", E + "LayerNorm_1"),
-        *dense(_HF + "mlp.fc1.", E + "MlpBlock_0/Dense_0"),
-        *dense(_HF + "mlp.fc2.", E + "MlpBlock_0/Dense_1"),
-    )),
+    *_HF_PATCHES,
+    _HF_VIT_BLOCKS,
     *norm("layernorm.", "params/Transformer/encoder_norm"),
     *dense("pooler.dense.", "params/pre_logits"),
     *dense("classifier.", "params/head"),
@@ -519,6 +523,65 @@ TRANSFORMERS_VIT = Layout("transformers", rows=(
 ), unsupported=(
     ("embeddings.mask_token", "a mask token (masked image modeling)"),
 ), fixed=(("classifier", "token"),))
+
+# transformers' MAE encoder (ViTMAEModel, or a ViTMAEForPreTraining's
+# ``vit.``): ViTModel's names without a pooler. Its fixed 2-D sin-cos
+# position embedding (a Parameter with requires_grad=False, so in the state
+# dict; the class token's row zeros) is our position embedding, read and
+# written as it is. The model is the encoder on every patch: transformers'
+# forward with mask_ratio=0 and its tokens in order (noise sorted, or
+# unshuffled by ids_restore). The pretraining decoder is a second network:
+# left out with a warning, as transformers' ViTMAEModel.from_pretrained
+# reports it unexpected and leaves it.
+TRANSFORMERS_VIT_MAE = Layout("transformers_vit_mae", rows=(
+    Row("embeddings.cls_token", ("params/cls",)),
+    Row("embeddings.position_embeddings", (POS,)),
+    *_HF_PATCHES,
+    _HF_VIT_BLOCKS,
+    *norm("layernorm.", "params/Transformer/encoder_norm"),
+), aliases=TRANSFORMERS_VIT.aliases, dropped=(
+    (r"^decoder\.", "ViTMAEForPreTraining's decoder (the pixel "
+     "reconstruction of masked patches; vit_jax loads the encoder, "
+     "ViTMAEModel)"),
+), fixed=(("classifier", "token"),))
+
+# transformers' I-JEPA (IJepaModel, IJepaForImageClassification): ViTModel's
+# names without a class token; the position embedding covers the patches;
+# the classifier reads the mean of the final norm's tokens (ours 'gap').
+# IJepaModel's optional pooler (add_pooling_layer=True) reads the first
+# patch token, which no model of ours does: refused by name. The mask token
+# (masked-image pretraining) is not kept.
+TRANSFORMERS_IJEPA = Layout("transformers_ijepa", rows=(
+    Row("embeddings.position_embeddings", (POS,)),
+    *_HF_PATCHES,
+    _HF_VIT_BLOCKS,
+    *norm("layernorm.", "params/Transformer/encoder_norm"),
+    *dense("classifier.", "params/head"),
+), aliases=(
+    (r"^module\.", ""), (r"^ijepa\.", ""),
+    *_HF_ENCODER_ALIASES,
+), ignored=r"^embeddings\.mask_token$", unsupported=(
+    ("pooler.dense.", "IJepaModel's pooler (add_pooling_layer=True: the first "
+     "patch token through Dense + tanh); build it without one"),
+), fixed=(("classifier", "gap"),))
+
+
+def refuse_vit_without_class_token(state_dict) -> None:
+  """ViT's names without a class token are read as I-JEPA's
+  (:func:`detect`), whose position embedding covers a square grid of
+  patches: a ValueError where its rows are no square (a ViTModel's class
+  token missing). An I-JEPA of a non-square size loads with its config."""
+  shape = np.shape(state_dict.get("embeddings.position_embeddings", ()))
+  rows = shape[1] if len(shape) == 3 else 0
+  if not rows or int(round(np.sqrt(rows))) ** 2 == rows:
+    return  # (a missing embedding is the checker's to name)
+  raise ValueError(
+      f"These weights have ViT's names without a class token "
+      f"(embeddings.cls_token), as I-JEPA's (IJepaModel), but their "
+      f"position embedding of shape {shape} is no square grid of patches: "
+      f"is it a ViTModel's state dict missing its class token? An I-JEPA of "
+      f"a non-square size loads with its config (config.json's model_type "
+      f"'ijepa').")
 
 # transformers' DINOv2 (Dinov2Model) and DINOv2 with registers
 # (Dinov2WithRegistersModel, whose position embedding covers the class token
@@ -785,13 +848,15 @@ TRANSFORMERS_SAM = Layout("transformers_sam", rows=(
 
 LAYOUTS = {layout.name: layout for layout in (
     TORCHVISION, TIMM, TIMM_EVA, TIMM_BEIT, TIMM_NAFLEX, TIMM_SAM,
-    TIMM_CAIT, TRANSFORMERS_VIT,
+    TIMM_CAIT, TRANSFORMERS_VIT, TRANSFORMERS_VIT_MAE, TRANSFORMERS_IJEPA,
     TRANSFORMERS_DINOV2, TRANSFORMERS_DINOV2_REG, TRANSFORMERS_DINOV3,
     TRANSFORMERS_CLIP, TRANSFORMERS_SIGLIP, TRANSFORMERS_SIGLIP2,
     TRANSFORMERS_AIMV2, TRANSFORMERS_BEIT, TRANSFORMERS_DATA2VEC_VISION,
     TRANSFORMERS_SAM)}
 # transformers' model_type -> the layout of its weights.
-HF_MODEL_TYPES = {"vit": "transformers", "dinov2": "transformers_dinov2",
+HF_MODEL_TYPES = {"vit": "transformers", "vit_mae": "transformers_vit_mae",
+                  "ijepa": "transformers_ijepa",
+                  "dinov2": "transformers_dinov2",
                   "dinov2_with_registers": "transformers_dinov2_reg",
                   "dinov3_vit": "transformers_dinov3",
                   "clip": "transformers_clip",
@@ -814,8 +879,11 @@ def transformers_layout_of(arch: Mapping[str, Any]) -> str:
   the blocks, AIMv2 for RMSNorm, DINOv3 for RoPE (no position embedding),
   DINOv2 with registers / DINOv2 for LayerScale, else ViT; SigLIP 2's
   NaFlex tower for a NaFlex model; BEiT's for a relative position bias;
-  SAM's (SamVisionModel) for its neck, windows or relative positions.
-  CaiT (talking heads, class attention) has no transformers model."""
+  SAM's (SamVisionModel) for its neck, windows or relative positions;
+  I-JEPA's (IJepaModel) for the mean of the patches without a class token.
+  CaiT (talking heads, class attention) has no transformers model. An MAE
+  encoder's tree is a ViTModel's without a pooler, whose state dict
+  ViTMAEModel loads as it is ('transformers_vit_mae' names the same keys)."""
   if arch.get("class_attn_layers") or arch.get("talking_heads"):
     raise ValueError("transformers has no CaiT (talking-heads attention, "
                      "class-attention blocks): export it with to_timm "
@@ -837,6 +905,8 @@ def transformers_layout_of(arch: Mapping[str, Any]) -> str:
   if arch.get("layer_scale_init") or arch.get("gated_mlp"):
     return ("transformers_dinov2_reg" if arch.get("num_registers")
             else "transformers_dinov2")
+  if arch.get("classifier") == "gap" and not arch.get("class_token"):
+    return "transformers_ijepa"
   return "transformers"
 
 
@@ -867,6 +937,7 @@ _SIGNATURES = (
      r"relative_position_bias)\.", "transformers_beit"),
     (r"layer_scale1\.lambda1$|^encoder\.layer\.\d+\.norm1\.",
      "transformers_dinov2"),
+    (r"^decoder\.decoder_(embed|pred)\.", "transformers_vit_mae"),
     (r"^embeddings\.patch_embeddings\.projection\.weight$", "transformers"),
     (r"^(patch_embed\.proj\.weight$|blocks\.)", "timm"),
 )
@@ -885,12 +956,15 @@ def refine(layout: str, state_dict) -> str:
 def detect(keys) -> Optional[str]:
   """The layout a state dict's keys are in (None: not a ViT we know).
   timm's two classes are one answer, ``'timm'``: :func:`timm_layout` tells
-  them apart."""
+  them apart. ViT's names without a class token (which every ViTModel
+  has) are I-JEPA's."""
   keys = [re.sub(r"^(module|vision_model|vit|dinov2(_with_registers)?|"
-                 r"dinov3|beit|data2vec_vision|image_encoder)\.", "", k)
+                 r"dinov3|beit|data2vec_vision|image_encoder|ijepa)\.", "", k)
           for k in keys]
   for pattern, layout in _SIGNATURES:
     if any(re.search(pattern, k) for k in keys):
+      if layout == "transformers" and "embeddings.cls_token" not in keys:
+        return "transformers_ijepa"
       return layout
   return None
 
@@ -1250,6 +1324,8 @@ _HF_ACTS = {"gelu": "gelu", "quick_gelu": "quick_gelu", "gelu_new": "gelu_tanh",
 
 # transformers' defaults per layout (their configs' defaults): act, epsilon.
 _HF_DEFAULTS = {"transformers": ("gelu", 1e-12),
+                "transformers_vit_mae": ("gelu", 1e-12),
+                "transformers_ijepa": ("gelu", 1e-12),
                 "transformers_dinov2": ("gelu", 1e-6),
                 "transformers_dinov2_reg": ("gelu", 1e-6),
                 "transformers_dinov3": ("gelu", 1e-5),

@@ -227,7 +227,11 @@ class Layout:
   tensor that is several of the layout's, split along its first axis
   (transformers' Hub files keep DINOv2's SwiGLU ``weights_in``, which its
   models load as ``gate_proj`` and ``up_proj``); ``unsupported``: key fragments of features we do not
-  have, with what they are (named in the error); ``fixed``: model fields
+  have, with what they are (named in the error); ``dropped``: (regex,
+  what) of keys of a second network beside the encoder (ViTMAE's
+  pretraining decoder), left out of a load with a warning naming what they
+  are (:func:`dropped`), where ``ignored`` keys (another tower) are left
+  out silently; ``fixed``: model fields
   every model of the layout has (torchvision's ViT always has a class
   token), which a damaged state dict must not change.
   """
@@ -239,6 +243,7 @@ class Layout:
   unsupported: Tuple[Tuple[str, str], ...] = ()
   fixed: Tuple[Tuple[str, Any], ...] = ()
   ignored: str = ""  # regex of keys that are not the image tower's
+  dropped: Tuple[Tuple[str, str], ...] = ()
   # How the library resamples a position embedding loaded at another size
   # (vit_jax.weights.posemb.resample_posemb's ``method``).
   resample: str = "torchvision"
@@ -345,6 +350,8 @@ def canonical(layout: Layout, state_dict: Mapping[str, Any]) -> Dict[str, Any]:
       k = re.sub(pat, rep, k)
     if layout.ignored and re.search(layout.ignored, k):
       continue
+    if any(re.search(pat, k) for pat, _ in layout.dropped):
+      continue
     for pat, reps in layout.chunks:
       if re.search(pat, k):
         x = trees.to_numpy(v)
@@ -354,6 +361,20 @@ def canonical(layout: Layout, state_dict: Mapping[str, Any]) -> Dict[str, Any]:
           break
     else:
       out[k] = v
+  return out
+
+
+def dropped(layout: Layout, keys) -> Dict[str, List[str]]:
+  """The keys (after the aliases) that :func:`canonical` leaves out as
+  ``layout.dropped`` says, by what they are."""
+  out: Dict[str, List[str]] = {}
+  for k in keys:
+    for pat, rep in layout.aliases:
+      k = re.sub(pat, rep, k)
+    for pat, what in layout.dropped:
+      if re.search(pat, k):
+        out.setdefault(what, []).append(k)
+        break
   return out
 
 

@@ -28,7 +28,8 @@ def transformers_layout(variables) -> str:
   """Which transformers image tower holds this tree
   (:func:`vit_jax.weights.layouts.transformers_layout_of`): SigLIP's (a MAP
   head), CLIP's (a pre-norm), AIMv2's (RMSNorm), DINOv3's (RoPE only),
-  DINOv2's or DINOv2 with registers' (LayerScale or SwiGLU), else ViT's."""
+  DINOv2's or DINOv2 with registers' (LayerScale or SwiGLU), I-JEPA's (the
+  mean of the patches, no class token), else ViT's."""
   return layouts.transformers_layout_of(trees.arch_of(variables))
 
 
@@ -42,7 +43,8 @@ def to_state_dict(variables, layout: str
   :func:`transformers_layout` picks: ``ViTForImageClassification`` with a
   ``vit.`` prefix when there is a head, else ``ViTModel`` with ``pooler``
   for ``pre_logits``) or one of the transformers towers by name
-  (``'transformers_dinov2'``, ``'transformers_dinov2_reg'``,
+  (``'transformers_vit_mae'``, ``'transformers_ijepa'`` (with a head under
+  ``ijepa.``), ``'transformers_dinov2'``, ``'transformers_dinov2_reg'``,
   ``'transformers_dinov3'``, ``'transformers_clip'``,
   ``'transformers_siglip'``, ``'transformers_aimv2'``,
   ``'transformers_beit'``, ``'transformers_data2vec_vision'`` (with a head
@@ -68,7 +70,8 @@ def to_state_dict(variables, layout: str
 
 # The ...ForImageClassification models' prefix of their encoder's keys.
 _CLASSIFIER_PREFIX = {"transformers": "vit.", "transformers_beit": "beit.",
-                      "transformers_data2vec_vision": "data2vec_vision."}
+                      "transformers_data2vec_vision": "data2vec_vision.",
+                      "transformers_ijepa": "ijepa."}
 
 
 def to_torch(state_dict) -> "collections.OrderedDict":
