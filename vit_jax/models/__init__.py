@@ -11,7 +11,8 @@ norms, position embeddings, the encoder), :mod:`~vit_jax.models.kernels`
 (PyTorch's resizing as matrices), :mod:`~vit_jax.models.naflex` (NaFlex
 inputs: the per-image resize of the position grid, the padding masks),
 :mod:`~vit_jax.models.resnet` (the hybrids' ResNet stem),
-:mod:`~vit_jax.models.relpos` (BEiT's relative position bias),
+:mod:`~vit_jax.models.relpos` (relative position biases: BEiT's
+table, timm's relpos family's table or MLP),
 :mod:`~vit_jax.models.sam` (SAM's windows, decomposed relative positions
 and neck), :mod:`~vit_jax.models.cait` (CaiT's talking heads and class
 attention),

@@ -181,7 +181,9 @@ class BlockConfig:
   mlp_norm: bool = False
   post_norm: bool = False
   rope: Optional[str] = None
-  rel_pos_bias: Optional[str] = None  # BEiT's relative position bias
+  rel_pos_bias: Optional[str] = None  # BEiT's / timm's relpos bias
+  rel_pos_mlp: Optional[str] = None  # ... from an MLP (timm's RelPosMlp)
+  rel_pos_mlp_dim: int = 128
   rel_pos: bool = False  # SAM's decomposed relative positions
   talking_heads: bool = False  # CaiT's logits mixed across heads
 
@@ -335,11 +337,12 @@ class MultiHeadDotProductAttention(nn.Module):
   ``rope=(sin, cos, kind)`` rotates the queries and keys after those norms
   (:mod:`vit_jax.models.rope`). ``mask`` (B, S) bool: the keys that may be
   read (a NaFlex batch's padding is not); every path computes the same
-  masked function. ``rel_pos``: BEiT's relative position bias
-  (:mod:`vit_jax.models.relpos`): the shared (heads, T, T) bias, and/or
-  with ``rel_pos_bias='block'`` this attention's own table
-  (``rel_pos_bias/table``) for the input's patch grid (``grids``); the
-  logits with a bias go through :func:`relpos.attention_impl`'s path.
+  masked function. ``rel_pos``: a relative position bias (BEiT's, timm's
+  ``vision_transformer_relpos``; :mod:`vit_jax.models.relpos`): the
+  shared (heads, T, T) bias, and/or with ``rel_pos_bias='block'`` this
+  attention's own table or MLP (``rel_pos_bias/...``) for the input's
+  patch grid (``grids``); the logits with a bias go through
+  :func:`relpos.attention_impl`'s path.
   ``decomposed=(grid, table)``: SAM's decomposed relative positions over
   the tokens' (h, w) ``grid`` (a per-query bias), parameters
   ``rel_pos_h`` / ``rel_pos_w`` made for ``table``
@@ -412,8 +415,7 @@ class MultiHeadDotProductAttention(nn.Module):
       decomposed_bias = sam_lib.decomposed_bias(q, rel_h, rel_w, grid)
 
     if cfg.rel_pos_bias == "block" and inputs_kv is inputs_q:
-      own = relpos.RelativePositionBias(
-          h, cfg.param_dtype, name="rel_pos_bias")(self.grids, n)
+      own = relpos.bias_module(cfg, self.deterministic)(self.grids, n)
       rel_pos = own if rel_pos is None else rel_pos + own
     if decomposed_bias is not None:  # 'weights', whatever else is given
       impl = sam_lib.attention_impl(impl, cfg.attention_impl)
@@ -614,7 +616,7 @@ class Encoder1DBlock(nn.Module):
   kind (an RMSNorm has a ``scale`` and no ``bias``) or place.
   ``rel_pos``: the shared relative position bias (heads, T, T) of
   ``rel_pos_bias='shared'``; ``grids``: the input's patch grid, for the
-  attention's own table with ``rel_pos_bias='block'``
+  attention's own table or MLP with ``rel_pos_bias='block'``
   (:mod:`vit_jax.models.relpos`). ``spatial``: how a SAM block attends
   over the patch grid (windows, decomposed relative positions;
   :func:`vit_jax.models.sam.attend`), in place of plain attention.
@@ -623,7 +625,7 @@ class Encoder1DBlock(nn.Module):
   config: BlockConfig = BlockConfig()
   use_drop_path: bool = False
   deterministic: bool = True
-  grids: Optional[relpos.Grids] = None  # BEiT: rel_pos_bias='block'
+  grids: Optional[relpos.Grids] = None  # rel_pos_bias='block'
   spatial: Optional[sam_lib.Spatial] = None  # SAM: windows, rel-pos
 
   @nn.compact
@@ -887,7 +889,7 @@ class Encoder(nn.Module):
         key=self.make_rng("dropout") if use_aug else None)
     return jnp.asarray(sin), jnp.asarray(cos)
 
-  def _rel_pos(self, grid, num_tokens: int):
+  def _rel_pos(self, grid, num_tokens: int, train: bool):
     """(the shared relative position bias or None, the blocks' grids or
     None) of ``block.rel_pos_bias`` (:mod:`vit_jax.models.relpos`)."""
     if self.block.rel_pos_bias is None:
@@ -895,9 +897,7 @@ class Encoder(nn.Module):
     grids = relpos.Grids(tuple(grid), self.base_grid, self.dynamic_img_size)
     if self.block.rel_pos_bias != "shared":
       return None, grids
-    return relpos.RelativePositionBias(
-        self.block.num_heads, self.block.param_dtype,
-        name="rel_pos_bias")(grids, num_tokens), None
+    return relpos.bias_module(self.block, not train)(grids, num_tokens), None
 
   def _class_attention(self, cls, x):
     """CaiT: the class token through the class-attention blocks, then
@@ -960,7 +960,7 @@ class Encoder(nn.Module):
     if self.pre_norm:  # CLIP's ln_pre
       x = norm(name="pre_norm")(x)
     rope = self._rope_tables(grid, num_prefix, x.shape[-1], train)
-    rel_pos, grids = self._rel_pos(grid, x.shape[1])
+    rel_pos, grids = self._rel_pos(grid, x.shape[1], train)
 
     block_cls = Encoder1DBlock
     if self.remat_policy not in (None, "none"):

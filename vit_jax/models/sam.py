@@ -244,6 +244,8 @@ def check(model) -> None:
        model.num_prefix_tokens > 0),
       ("naflex", model.naflex is not None),
       ("rope", model.rope is not None),
+      ("rel_pos_bias (a bias for the whole grid's attention)",
+       model.rel_pos_bias is not None),
       ("scan_layers (the blocks differ: windowed and global)",
        model.scan_layers and uses_grid(model.window_size, model.rel_pos)),
   ) if on]

@@ -213,21 +213,33 @@ class VisionTransformer(nn.Module):
       :mod:`vit_jax.models.rope`. Any input size works.
     rope_shift, rope_jitter, rope_rescale: DINOv3's train-time coordinate
       augmentations (timm's ``rope_*_coords``; from the ``'dropout'`` rng).
-    rel_pos_bias: BEiT's relative position bias, a learned table of one
-      bias per head for each offset between two patches (and three for the
-      class token) added to the attention logits: ``'block'``, a table in
-      every block's attention (timm's ``use_rel_pos_bias``: BEiT, BEiT v2,
-      Data2Vec-Vision; ``MultiHeadDotProductAttention_0/rel_pos_bias/
-      table``), or ``'shared'``, one for all blocks (``use_shared_rel_pos_
-      bias``; ``Transformer/rel_pos_bias/table``). Named for where the
-      table lives, the one thing that tells the two apart (their function
-      is the same). Needs exactly one prefix token, the class token. The
-      table is laid out for the grid of ``image_size`` (else of the
-      ``init`` input); ``dynamic_img_size`` resizes it to other grids in
-      the forward pass as timm's BEiT does when built at another size
-      (see :mod:`vit_jax.models.relpos`). Attention with the bias runs
-      through the paths that take one (XLA's, or the materialised
-      probabilities for ``'matmul'``; cuDNN's is refused when requested).
+    rel_pos_bias: a relative position bias added to the attention
+      logits: BEiT's learned table of one bias per head for each offset
+      between two patches (and three for a class token), or with
+      ``rel_pos_mlp`` an MLP's: ``'block'``, one in every block's attention
+      (timm's ``use_rel_pos_bias``: BEiT, BEiT v2, Data2Vec-Vision,
+      ``vit_relpos_*``; ``MultiHeadDotProductAttention_0/rel_pos_bias/
+      ...``), or ``'shared'``, one for all blocks (``use_shared_rel_pos_
+      bias``, ``vit_srelpos_*``; ``Transformer/rel_pos_bias/...``). Named
+      for where the bias lives, the one thing that tells the two apart
+      (their function is the same). For the patches and at most one
+      prefix token, the class token (timm's ``RelPosBias``: a table
+      without the class rows where there is none). The table is laid out
+      for the grid of ``image_size`` (else of the ``init`` input);
+      ``dynamic_img_size`` resizes it to other grids in the forward pass
+      as timm does when built at another size (see
+      :mod:`vit_jax.models.relpos`). Attention with the bias runs through
+      the paths that take one (XLA's, or the materialised probabilities
+      for ``'matmul'``; cuDNN's is refused when requested).
+    rel_pos_mlp: the bias from an MLP of the offsets' log-spaced
+      coordinates instead of a table (timm's ``RelPosMlp``, Swin v2's
+      continuous position bias): ``'cr'`` (timm's ``vit_relpos_*`` /
+      ``vit_srelpos_*``) or ``'swin'`` (coordinates scaled by the grid,
+      ``16 * sigmoid`` of the MLP); zero for the class token. Parameters
+      ``rel_pos_bias/Dense_0`` and ``Dense_1`` (no bias in ``'swin'``);
+      any grid gets its bias (no resize). Its hidden units are dropped at
+      0.125 in training, as timm's.
+    rel_pos_mlp_dim: the MLP's hidden width (timm's ``rel_pos_dim``; 128).
     naflex: NaFlex (SigLIP 2, timm's ``NaFlexVit``): the model also takes
       the dict of pre-cut patches timm's ``NaFlexVit`` takes (``patches``
       (B, N, P*P*C) in (y, x, channel) order, ``patch_coord`` (B, N, 2) as
@@ -344,6 +356,8 @@ class VisionTransformer(nn.Module):
   rope_jitter: Optional[float] = None
   rope_rescale: Optional[float] = None
   rel_pos_bias: Optional[str] = None
+  rel_pos_mlp: Optional[str] = None
+  rel_pos_mlp_dim: int = 128
   distilled_training: bool = False
   naflex: Optional[str] = None
   naflex_square: bool = False
@@ -396,13 +410,18 @@ class VisionTransformer(nn.Module):
     if self.rope is not None:
       rope_lib.check(self.rope, self.hidden_size // self.num_heads,
                      self.rope_grid_indexing)
+    if self.rel_pos_mlp is not None and self.rel_pos_bias is None:
+      raise ValueError(
+          f"rel_pos_mlp={self.rel_pos_mlp!r}: the MLP gives a relative "
+          f"position bias; say where it lives with rel_pos_bias='block' or "
+          f"'shared'")
     if self.rel_pos_bias is not None:
-      relpos.check(self.rel_pos_bias)
-      if not self.has_class_token or self.num_prefix_tokens != 1:
+      relpos.check(self.rel_pos_bias, self.rel_pos_mlp)
+      if self.num_prefix_tokens != int(self.has_class_token):
         raise ValueError(
-            "rel_pos_bias: BEiT's relative position table has rows for one "
-            "class token before the patches: it needs class_token (or "
-            "classifier='token') and no registers or distillation token")
+            "rel_pos_bias: a relative position bias is for the patches and "
+            "at most one class token before them (a table's rows, timm's "
+            "zero bias of the MLP): no registers or distillation token")
       if self.naflex is not None:
         raise ValueError("rel_pos_bias: a NaFlex model (images of different "
                          "grids in one batch) has no one relative position "
