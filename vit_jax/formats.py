@@ -54,17 +54,21 @@ def from_timm(state_dict, name: Optional[str] = None, *,
                                **model_overrides)
 
 
-def params_to_timm(variables):
+def params_to_timm(variables, layout: Optional[str] = None):
   """Our tree -> a timm ``VisionTransformer`` state dict (numpy), which
   ``timm.create_model(name, num_classes=..., img_size=...)`` loads with
   ``strict=True`` (a ``classifier='gap'`` tree: a model built with
-  ``class_token=False, global_pool='avg'``)."""
-  return saving.to_state_dict(variables, "timm")
+  ``class_token=False, global_pool='avg'``). timm's class (its names) is
+  the one the tree needs (:func:`vit_jax.weights.layouts.timm_layout_of`),
+  or ``layout`` where two hold it: a relative position table with the
+  class token's rows and no key bias is Beit's (default) as much as
+  VisionTransformerRelPos's (``layout='timm_relpos'``)."""
+  return saving.to_state_dict(variables, layout or "timm")
 
 
-def to_timm(variables):
+def to_timm(variables, layout: Optional[str] = None):
   """Like :func:`params_to_timm`, as torch tensors."""
-  return saving.to_torch(params_to_timm(variables))
+  return saving.to_torch(params_to_timm(variables, layout))
 
 
 def from_transformers(state_dict_or_dir,

@@ -85,6 +85,10 @@ _NAME_DECIDES = {
                     + layouts.NAFLEX_NEEDS_A_NAME.split(". ", 1)[1]),
 }
 
+# How timm's class of a layout pools, where no name says (from the keys).
+_POOLING = {"timm_beit": layouts.beit_pooling,
+            "timm_relpos": layouts.relpos_pooling}
+
 CLIP_NEEDS_A_NAME = (
     "These are the weights of a CLIP image tower (a LayerNorm before the "
     "blocks), whose activation they do not store: OpenAI's CLIP (and "
@@ -155,6 +159,7 @@ _SHOWN = (
     ("a NaFlex position grid", lambda a: a.get("naflex") is not None),
     ("a conv stem", lambda a: bool(a.get("conv_stem"))),
     ("relative position bias", lambda a: a.get("rel_pos_bias") or "none"),
+    ("a relative position MLP", lambda a: a.get("rel_pos_mlp") or "none"),
     ("decomposed relative positions", lambda a: bool(a.get("rel_pos"))),
     ("a SAM neck", lambda a: bool(a.get("neck_chans"))),
     ("class-attention blocks", lambda a: int(a.get("class_attn_layers") or 0)),
@@ -426,8 +431,9 @@ def _named(name: Optional[str]) -> Dict[str, Any]:
 
 
 def _heads(name, num_heads, hints, width, shown=None) -> int:
-  """Stated, else what the weights show (CaiT's talking-heads maps),
-  else the name's (if the width is the name's), else the width's usual
+  """Stated, else what the weights show (CaiT's talking-heads maps, timm's
+  relative position MLPs and tables: :func:`layouts.shown_heads`), else
+  the name's (if the width is the name's), else the width's usual
   number."""
   named = _named(name)
   if num_heads:
@@ -455,8 +461,9 @@ def from_state_dict(state_dict, name: Optional[str] = None, *,
       (timm's activation, LayerNorm epsilon, heads) and is checked against
       the weights.
     layout: a name of :data:`vit_jax.weights.layouts.LAYOUTS` ('torchvision',
-      'timm' (VisionTransformer's, Eva's, Beit's, SAM's or Cait's names,
-      from the keys), 'timm_eva', 'timm_cait',
+      'timm' (VisionTransformer's, Eva's, Beit's, SAM's, Cait's or
+      VisionTransformerRelPos's names, from the keys), 'timm_eva',
+      'timm_cait', 'timm_relpos',
       'transformers', 'transformers_dinov2', 'transformers_dinov2_reg',
       'transformers_dinov3', 'transformers_clip', 'transformers_siglip',
       'transformers_aimv2', 'transformers_vit_mae', 'transformers_ijepa');
@@ -502,8 +509,8 @@ def from_state_dict(state_dict, name: Optional[str] = None, *,
     parsed = layouts.parse_timm_name(name)
   elif layout.startswith("transformers"):
     hints = layouts.transformers_hints(config or {}, layout)
-  if layout == "timm_beit" and "classifier" not in hints:
-    hints["classifier"] = layouts.beit_pooling(sd)  # as timm's Beit pools
+  if layout in _POOLING and "classifier" not in hints:
+    hints["classifier"] = _POOLING[layout](sd)  # as timm's class pools
   _refuse_unknown(table, sd, mapping.unmatched(table, sd))
   if layout == "timm_cait" and not any(k.startswith("blocks_token_only.")
                                        for k in sd):
@@ -516,7 +523,7 @@ def from_state_dict(state_dict, name: Optional[str] = None, *,
       raise layouts.Undecided(needs, "model_name")
     raise NameMismatch(f"{name!r} {wrong}", {})
   heads = _heads(name, overrides.get("num_heads"), hints,
-                 _width(table, sd), layouts.cait_heads(sd))
+                 _width(table, sd), layouts.shown_heads(sd))
   flat, _ = mapping.to_ours(table, sd, {
       "model": heads, "map": int(hints.get("map_heads") or heads)})
   variables = trees.unflatten(flat)

@@ -192,6 +192,26 @@ _TIMM_RESNET = (
     )),
 )
 
+
+def _timm_block(attention=()):
+  """A timm ``Block``'s rows (VisionTransformer's; ``RelPosBlock``'s):
+  ``attention``, the attention's own extra rows, come before its ``proj``
+  (timm's relative position MLP or table)."""
+  return (
+      *norm(_TM + "norm1.", E + "LayerNorm_0"),
+      *fused_qkv(_TM + "attn.qkv.weight", _TM + "attn.qkv.bias", ATTN),
+      *norm(_TM + "attn.q_norm.", ATTN + "/query_ln"),
+      *norm(_TM + "attn.k_norm.", ATTN + "/key_ln"),
+      *norm(_TM + "attn.norm.", ATTN + "/inner_norm"),
+      *attention,
+      *out_proj(_TM + "attn.proj.", ATTN),
+      Row(_TM + "ls1.gamma", (E + "LayerScale_0/scale",)),
+      *norm(_TM + "norm2.", E + "LayerNorm_1"),
+      *_fix_mlp_rows(_timm_mlp(_TM + "mlp.")),
+      Row(_TM + "ls2.gamma", (E + "LayerScale_1/scale",)),
+  )
+
+
 # timm's VisionTransformer (and VisionTransformerDistilled): classic ViTs,
 # DeiT-III, DINOv2 (giant: a packed SwiGLU), CLIP, SigLIP, AIMv2 (RMSNorm,
 # split SwiGLU, no biases), RADIO, distilled DeiT, the R50+ViT hybrids
@@ -205,18 +225,7 @@ TIMM = Layout("timm", rows=(
     *conv("patch_embed.proj.", "params/embedding"),
     *norm("patch_embed.norm.", "params/embedding_norm"),
     *norm("norm_pre.", "params/Transformer/pre_norm"),
-    Repeat((
-        *norm(_TM + "norm1.", E + "LayerNorm_0"),
-        *fused_qkv(_TM + "attn.qkv.weight", _TM + "attn.qkv.bias", ATTN),
-        *norm(_TM + "attn.q_norm.", ATTN + "/query_ln"),
-        *norm(_TM + "attn.k_norm.", ATTN + "/key_ln"),
-        *norm(_TM + "attn.norm.", ATTN + "/inner_norm"),
-        *out_proj(_TM + "attn.proj.", ATTN),
-        Row(_TM + "ls1.gamma", (E + "LayerScale_0/scale",)),
-        *norm(_TM + "norm2.", E + "LayerNorm_1"),
-        *_fix_mlp_rows(_timm_mlp(_TM + "mlp.")),
-        Row(_TM + "ls2.gamma", (E + "LayerScale_1/scale",)),
-    )),
+    Repeat(_timm_block()),
     *norm("norm.", "params/Transformer/encoder_norm"),
     *norm("fc_norm.", "params/fc_norm"),
     *_TIMM_POOL,
@@ -371,6 +380,63 @@ TIMM_SAM = Layout("timm_sam", rows=(
 ))
 
 
+# timm's VisionTransformerRelPos (vit_relpos_*, vit_srelpos_*): no
+# position embedding; a relative position MLP (rel_pos.mlp.fc1 / fc2, no
+# fc2 bias in Swin v2's mode) or table (rel_pos.relative_position_bias_
+# table: timm's RelPosBias, with the class token's three rows where the
+# model has one) in each block's attention, or one shared (shared_rel_pos.);
+# our rel_pos_bias/... with rel_pos_bias 'block' / 'shared'. The blocks are
+# VisionTransformer's names (ls1 / ls2; ResPostRelPosBlock: none); the
+# class token, fc_norm, the head.
+REL_MLP = "/rel_pos_bias/Dense_0/kernel"
+
+
+def _rel_pos_rows(theirs: str, ours: str):
+  """timm's RelPosBias / RelPosMlp ``theirs`` <-> our ``rel_pos_bias``
+  module ``ours``."""
+  return (Row(theirs + "relative_position_bias_table", (ours + "/table",)),
+          *dense(theirs + "mlp.fc1.", ours + "/Dense_0"),
+          *dense(theirs + "mlp.fc2.", ours + "/Dense_1"))
+
+
+TIMM_RELPOS = Layout("timm_relpos", rows=(
+    Row("cls_token", ("params/cls",)),
+    *conv("patch_embed.proj.", "params/embedding"),
+    *_rel_pos_rows("shared_rel_pos.", "params/Transformer/rel_pos_bias"),
+    Repeat(_timm_block(_rel_pos_rows(_TM + "attn.rel_pos.",
+                                     ATTN + "/rel_pos_bias"))),
+    *norm("norm.", "params/Transformer/encoder_norm"),
+    *norm("fc_norm.", "params/fc_norm"),
+    *dense("head.", "params/head"),
+), aliases=((r"^module\.", ""),), resample="timm",
+   # Computed from the grid, never saved (non-persistent buffers).
+   ignored=r"(relative_position_index|rel_coords_log)$")
+
+
+def relpos_pooling(keys) -> str:
+  """timm's VisionTransformerRelPos pools by the class token where it has
+  one and no ``fc_norm`` (``vit_relpos_*_cls_*``), else by the mean of
+  the patches (its default; ``_clsgap_``: a class token, then the mean,
+  then ``fc_norm``): the classifier of its state dict without a name."""
+  keys = list(keys)
+  return ("token" if "cls_token" in keys and "fc_norm.weight" not in keys
+          else "gap")
+
+
+def is_relpos_tree(flat) -> bool:
+  """Whether only timm's VisionTransformerRelPos holds a tree's relative
+  position bias: an MLP's, or a table without the class token's rows or
+  beside a key bias (Beit's has neither). A table with the class token
+  and no key bias is Beit's as much (the same function): Beit's names."""
+  keys = list(flat)
+  if any(k.endswith(REL_MLP) for k in keys):
+    return True
+  if not any(k.endswith(REL_TABLE) for k in keys):
+    return False
+  return "params/cls" not in keys or any(
+      k.endswith("MultiHeadDotProductAttention_0/key/bias") for k in keys)
+
+
 # timm's Cait (CaiT): the blocks' talking-heads attention (a fused qkv, the
 # heads' mixing proj_l / proj_w), LayerScale gamma_1 / gamma_2 (Eva's
 # names), a position embedding of the patches only; then the class-attention
@@ -417,26 +483,45 @@ CAIT_WITHOUT_CLASS_ATTENTION = (
     "blocks (class_attn_layers), as every released cait_* has them.")
 
 
-def cait_heads(keys_and_shapes: Mapping[str, Any]) -> Optional[int]:
-  """The heads a CaiT state dict shows: its talking-heads maps are
-  (heads, heads) (None without them)."""
-  w = keys_and_shapes.get("blocks.0.attn.proj_l.weight")
-  return None if w is None else int(np.shape(w)[0])
+# timm's tensors with an axis of one entry per head: (key, that axis).
+_PER_HEAD = (
+    ("blocks.0.attn.proj_l.weight", 0),  # CaiT's (heads, heads) maps
+    ("blocks.0.attn.rel_pos.mlp.fc2.weight", 0),  # RelPosMlp's output
+    ("shared_rel_pos.mlp.fc2.weight", 0),
+    ("blocks.0.attn.rel_pos.relative_position_bias_table", 1),  # RelPosBias
+    ("shared_rel_pos.relative_position_bias_table", 1),
+)
+
+
+def shown_heads(keys_and_shapes: Mapping[str, Any]) -> Optional[int]:
+  """The heads a timm state dict shows (None where it does not): CaiT's
+  talking-heads maps are (heads, heads); timm's relative position MLPs
+  give one bias per head, its tables (RelPosBias) hold a column per
+  head."""
+  for key, axis in _PER_HEAD:
+    w = keys_and_shapes.get(key)
+    if w is not None and np.ndim(w) == 2:
+      return int(np.shape(w)[axis])
+  return None
 
 
 def timm_layout(keys) -> str:
   """``'timm_naflex'`` for NaFlexVit's ``embeds.*``; ``'timm_cait'`` for
-  Cait's class-attention blocks or talking heads; ``'timm_beit'`` for
-  BEiT's relative position tables; ``'timm_sam'`` for
-  VisionTransformerSAM's neck or rel-pos tables; ``'timm_eva'`` for
-  keys only timm's Eva has (LayerScale ``gamma_1``, ``q_bias`` /
-  ``v_bias``, separate ``q_proj``); else ``'timm'``."""
+  Cait's class-attention blocks or talking heads; ``'timm_relpos'`` for
+  VisionTransformerRelPos's ``rel_pos`` / ``shared_rel_pos``;
+  ``'timm_beit'`` for BEiT's relative position tables; ``'timm_sam'`` for
+  VisionTransformerSAM's neck or rel-pos tables; ``'timm_eva'`` for keys
+  only timm's Eva has (LayerScale ``gamma_1``, ``q_bias`` / ``v_bias``,
+  separate ``q_proj``); else ``'timm'``."""
   keys = list(keys)
   if any(k.startswith("embeds.") for k in keys):
     return "timm_naflex"
   cait = re.compile(r"^(blocks_token_only\.|blocks\.\d+\.attn\.proj_[lw]\.)")
   if any(cait.match(k) for k in keys):
     return "timm_cait"
+  if any(re.match(r"^(blocks\.\d+\.attn\.rel_pos|shared_rel_pos)\.", k)
+         for k in keys):
+    return "timm_relpos"
   beit = re.compile(r"^(blocks\.\d+\.attn\.|rel_pos_bias\.)"
                     r"relative_position_bias_table$")  # not Swin's layers.*
   if any(beit.match(k) for k in keys):
@@ -450,17 +535,21 @@ def timm_layout(keys) -> str:
 def timm_layout_of(flat) -> str:
   """The timm class a tree of ours loads into: ``'timm_naflex'`` for a
   NaFlex position grid (NaFlexVit); ``'timm_cait'`` for class-attention
-  blocks (Cait); ``'timm_beit'`` for relative position
-  tables (Beit); ``'timm_sam'`` for SAM's neck or decomposed rel-pos
-  tables (VisionTransformerSAM); ``'timm_eva'`` where only Eva can hold
-  it (no learned position embedding: DINOv3; a query bias without a key
-  bias; LayerScale with a norm before the blocks: PE), else ``'timm'``
+  blocks (Cait); ``'timm_relpos'`` for a relative position MLP, or a table
+  only VisionTransformerRelPos holds (:func:`is_relpos_tree`);
+  ``'timm_beit'`` for other relative position tables (Beit);
+  ``'timm_sam'`` for SAM's neck or decomposed rel-pos tables
+  (VisionTransformerSAM); ``'timm_eva'`` where only Eva can hold it (no
+  learned position embedding: DINOv3; a query bias without a key bias;
+  LayerScale with a norm before the blocks: PE), else ``'timm'``
   (VisionTransformer)."""
   keys = list(flat)
   if POS_GRID in keys:
     return "timm_naflex"
   if any(k.startswith("params/Transformer/classblock_") for k in keys):
     return "timm_cait"
+  if is_relpos_tree(keys):
+    return "timm_relpos"
   if any(k.endswith(REL_TABLE) for k in keys):
     return "timm_beit"
   if any(k.startswith("params/neck/") or k.endswith("/rel_pos_h")
@@ -848,7 +937,8 @@ TRANSFORMERS_SAM = Layout("transformers_sam", rows=(
 
 LAYOUTS = {layout.name: layout for layout in (
     TORCHVISION, TIMM, TIMM_EVA, TIMM_BEIT, TIMM_NAFLEX, TIMM_SAM,
-    TIMM_CAIT, TRANSFORMERS_VIT, TRANSFORMERS_VIT_MAE, TRANSFORMERS_IJEPA,
+    TIMM_RELPOS, TIMM_CAIT, TRANSFORMERS_VIT, TRANSFORMERS_VIT_MAE,
+    TRANSFORMERS_IJEPA,
     TRANSFORMERS_DINOV2, TRANSFORMERS_DINOV2_REG, TRANSFORMERS_DINOV3,
     TRANSFORMERS_CLIP, TRANSFORMERS_SIGLIP, TRANSFORMERS_SIGLIP2,
     TRANSFORMERS_AIMV2, TRANSFORMERS_BEIT, TRANSFORMERS_DATA2VEC_VISION,
@@ -881,13 +971,20 @@ def transformers_layout_of(arch: Mapping[str, Any]) -> str:
   NaFlex tower for a NaFlex model; BEiT's for a relative position bias;
   SAM's (SamVisionModel) for its neck, windows or relative positions;
   I-JEPA's (IJepaModel) for the mean of the patches without a class token.
-  CaiT (talking heads, class attention) has no transformers model. An MAE
-  encoder's tree is a ViTModel's without a pooler, whose state dict
+  CaiT (talking heads, class attention) and timm's relpos family (a bias
+  from an MLP, or without a class token) have no transformers model. An
+  MAE encoder's tree is a ViTModel's without a pooler, whose state dict
   ViTMAEModel loads as it is ('transformers_vit_mae' names the same keys)."""
   if arch.get("class_attn_layers") or arch.get("talking_heads"):
     raise ValueError("transformers has no CaiT (talking-heads attention, "
                      "class-attention blocks): export it with to_timm "
                      "(timm's Cait) or in our own layout.")
+  if arch.get("rel_pos_mlp") or (arch.get("rel_pos_bias") and
+                                  not arch.get("class_token", True)):
+    raise ValueError("transformers has no relative position bias from an "
+                     "MLP, nor one without a class token (timm's "
+                     "vit_relpos_*): export it with to_timm (timm's "
+                     "VisionTransformerRelPos) or in our own layout.")
   if arch.get("rel_pos_bias"):
     return "transformers_beit"
   if arch.get("naflex"):
@@ -1013,7 +1110,8 @@ TIMM_SIZES = {
     "1b": (2048, 24), "3b": (3072, 24), "enormous": (1792, 64),
 }
 _TIMM_NAME = re.compile(
-    r"^(?P<family>vit_pe_(?:core|lang|spatial)|vit|naflexvit|deit3|deit|"
+    r"^(?P<family>vit_pe_(?:core|lang|spatial)|vit_s?relpos|vit|naflexvit|"
+    r"deit3|deit|"
     r"eva02|aimv2|beitv2|beit3|beit|samvit)_"
     r"(?P<size>[a-z0-9]+?(?:_plus)?)(?P<distilled>_distilled)?"
     r"_patch(?P<patch>\d+)(?P<rest>_[a-z0-9_]*)?$")
@@ -1033,6 +1131,7 @@ _FAMILY_WIDTHS = (
     (r"^(naflex)?vit_giant_patch16_radio", 1536),
     (r"^vit_pe_\w+_gigantic", 1536),
     (r"^aimv2_huge", 1536),
+    (r"^vit_relpos_base_patch(16|32)_plus", 896),
 )
 # The resolution a name without one stands for (timm's pretrained configs).
 _FAMILY_SIZES = ((r"dinov2", 518), (r"_dinov3", 256), (r"_radio_v\d", 512),
@@ -1052,8 +1151,14 @@ TIMM_FAMILIES = (
     (r"^beit3_", dict(classifier="gap", layer_norm_eps=1e-5)),
     (r"^vit_giant_patch14_(reg\d+_)?(dinov2|tipsv2)", dict(num_heads=24)),
     (r"^vit_base_patch(16|32)_plus", dict(num_heads=14)),
-    # timm's ResPostBlock: each branch's norm after it (res-post-norm).
+    # timm's ResPostBlock (and ResPostRelPosBlock): each branch's norm
+    # after it (res-post-norm).
     (r"_rpn_", dict(post_norm=True)),
+    # timm's VisionTransformerRelPos: the mean of the patches (with or
+    # without a class token: _clsgap_), or the class token (_cls_).
+    (r"^vit_s?relpos_", dict(classifier="gap")),
+    (r"^vit_relpos_\w+_cls_", dict(classifier="token")),
+    (r"^vit_relpos_base_patch(16|32)_plus", dict(num_heads=14)),
     # DINOv3 (timm's Eva): RoPE only, LayerNorm 1e-5, mean of the patches
     # (timm's default; upstream pools the class token: classifier='token').
     (r"_dinov3", dict(rope="dinov3", rope_temperature=100.0,
@@ -1237,7 +1342,8 @@ def refuse_unsupported_timm(name: str, error=ValueError) -> None:
         f"DINOv2 (incl. giant), DINOv3, EVA-02 (T/S/B/L, CLIP B/L), "
         f"Perception Encoder, AIMv2, CLIP, SigLIP / SigLIP 2 (incl. "
         f"NaFlex), C-RADIO (incl. NaFlex), timm's NaFlexVit, BEiT / BEiT "
-        f"v2 / BEiT-3, SAM's image encoder (samvit_*), CaiT (cait_*).")
+        f"v2 / BEiT-3, SAM's image encoder (samvit_*), CaiT (cait_*), "
+        f"timm's relative-position ViTs (vit_relpos_*, vit_srelpos_*).")
 
 
 SAM_NEEDS_A_NAME = (

@@ -13,9 +13,10 @@ patch size used at another.
   kernel to another patch size: the same numbers as timm's
   ``resample_patch_embed`` (and big_vision's ``resample_patchemb`` up to its
   resize), so that ``<x, w> == <resize(x), resample(w)>`` for patches ``x``.
-* :func:`resize_rel_pos`: BEiT's relative position tables on a new patch
-  grid, as timm's BEiT loads them at another ``img_size``
-  (``resize_rel_pos_bias_table``; :mod:`vit_jax.models.relpos`).
+* :func:`resize_rel_pos`: relative position tables (BEiT's, timm's
+  ``RelPosBias``) on a new patch grid, as timm loads them at another
+  ``img_size`` (``resize_rel_pos_bias_table``;
+  :mod:`vit_jax.models.relpos`).
 
 The interpolation matrices are :mod:`vit_jax.models.interpolate`'s.
 """
@@ -132,11 +133,12 @@ def resize_rel_pos(variables, image_size, patch_size: Optional[int] = None,
                    old_grid: Optional[Tuple[int, int]] = None):
   """Returns ``variables`` (per-layer) with every relative position table
   (``.../rel_pos_bias/table``) resized to the patch grid of ``image_size``
-  as timm's BEiT does when built at another ``img_size``
-  (:func:`vit_jax.models.relpos.resize_table`; ``old_grid``: the tables'
-  grid, default the square their rows give, as timm's loader assumes). A
-  tree without one comes back as it is; a table already of the new grid is
-  kept."""
+  as timm's BEiT and VisionTransformerRelPos do when built at another
+  ``img_size`` (:func:`vit_jax.models.relpos.resize_table`, the class
+  token's rows where the tree has one; ``old_grid``: the tables' grid,
+  default the square their rows give, as timm's loader assumes). A tree
+  without one (a relative position MLP gives any grid's bias) comes back
+  as it is; a table already of the new grid is kept."""
   flat = trees.flatten(trees.wrap(variables))
   keys = [k for k in flat if k.endswith("/rel_pos_bias/table")]
   if not keys:
@@ -145,10 +147,11 @@ def resize_rel_pos(variables, image_size, patch_size: Optional[int] = None,
     patch_size = int(np.shape(flat["params/embedding/kernel"])[0])
   h, w = models.pair(image_size)
   new = (h // patch_size, w // patch_size)
+  cls = "params/cls" in flat
   for k in keys:
     table = flat[k]
-    if np.shape(table)[0] != relpos.table_rows(new):
-      flat[k] = relpos.resize_table(table, new, old_grid)
+    if np.shape(table)[0] != relpos.table_rows(new, cls):
+      flat[k] = relpos.resize_table(table, new, old_grid, cls)
   out = trees.unflatten(flat)
   return out if "params" in variables else out["params"]
 

@@ -49,8 +49,8 @@ def to_state_dict(variables, layout: str
   ``'transformers_siglip'``, ``'transformers_aimv2'``,
   ``'transformers_beit'``, ``'transformers_data2vec_vision'`` (with a head
   under ``beit.`` / ``data2vec_vision.``), ``'transformers_sam'``).
-  ``'timm'`` is VisionTransformer's, Eva's, Beit's, VisionTransformerSAM's
-  or Cait's names, as the tree needs
+  ``'timm'`` is VisionTransformer's, Eva's, Beit's, VisionTransformerSAM's,
+  Cait's or VisionTransformerRelPos's names, as the tree needs
   (:func:`vit_jax.weights.layouts.timm_layout_of`)."""
   variables = trees.wrap(trees.unstack_layers(trees.wrap(variables)))
   if layout == "transformers":

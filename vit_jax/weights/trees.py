@@ -193,6 +193,8 @@ def arch_of(variables, *, conv_stem=None, patch_size=None,
                     "block" if "rel_pos_bias" in attn else None),
       talking_heads="proj_l" in attn,
       class_attn_layers=sum(1 for k in tr if _CLASS_BLOCK.match(k)))
+  arch.update(_rel_pos_mlp_of(tr.get("rel_pos_bias",
+                                     attn.get("rel_pos_bias", {}))))
   if gated:
     arch["act"] = "silu"  # every released SwiGLU gates by SiLU
   if "MAPHead_0" in p:
@@ -264,6 +266,17 @@ def arch_of(variables, *, conv_stem=None, patch_size=None,
         not _is_square(rows - prefix)))):
     arch["no_embed_registers"] = True
   return arch
+
+
+def _rel_pos_mlp_of(module) -> Dict[str, Any]:
+  """``rel_pos_mlp`` and its width from a relative position bias module
+  (a table, or timm's MLP: ``Dense_0``, ``Dense_1`` with a bias but in
+  Swin v2's mode)."""
+  if "Dense_0" not in module:
+    return dict(rel_pos_mlp=None)
+  return dict(rel_pos_mlp="cr" if "bias" in module.get("Dense_1", {})
+              else "swin",
+              rel_pos_mlp_dim=int(np.shape(module["Dense_0"]["kernel"])[-1]))
 
 
 def _sam_of(p, tr, depth: int, patch: int, image_size) -> Dict[str, Any]:
@@ -362,7 +375,7 @@ def native_image_size(variables, model) -> Optional[int]:
   if "pos_embedding" not in p["Transformer"].get("posembed_input", {}):
     table = rel_pos_table(p)
     grid = None if table is None else relpos.grid_of_rows(
-        int(np.shape(table)[-2]))
+        int(np.shape(table)[-2]), class_token="cls" in p)
     return None if grid is None else grid[0] * model.patch_size
   rows = int(np.shape(p["Transformer"]["posembed_input"]["pos_embedding"])[1])
   patches = rows - pos_prefix_rows(model)
@@ -375,7 +388,7 @@ def rel_pos_table(params):
   first block's), or None."""
   tr = params["Transformer"]
   if "rel_pos_bias" in tr:
-    return tr["rel_pos_bias"]["table"]
+    return tr["rel_pos_bias"].get("table")
   blk = tr.get("encoderblock", tr.get("encoderblock_0", {}))
   attn = blk.get("MultiHeadDotProductAttention_0", {})
   return attn.get("rel_pos_bias", {}).get("table")
@@ -447,7 +460,10 @@ def describe(arch: Mapping[str, Any], name: Optional[str] = None,
   if arch.get("rope"):
     parts.append(f"RoPE {arch['rope']!r}")
   if arch.get("rel_pos_bias"):
-    parts.append(f"relative position bias ({arch['rel_pos_bias']})")
+    mlp = (f", MLP {arch['rel_pos_mlp']!r} of width "
+           f"{arch.get('rel_pos_mlp_dim', 128)}" if arch.get("rel_pos_mlp")
+           else "")
+    parts.append(f"relative position bias ({arch['rel_pos_bias']}{mlp})")
   if arch.get("naflex"):
     grid = arch.get("naflex_grid") or (16, 16)
     parts.append(f"NaFlex ({arch['naflex']} from a {grid[0]}x{grid[1]} "

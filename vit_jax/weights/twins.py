@@ -8,8 +8,10 @@ DeiT-III, DINOv2 incl. its giant's packed SwiGLU, CLIP, SigLIP, AIMv2,
 RADIO; the R50+ViT hybrids with a ``HybridEmbed``),
 ``VisionTransformerDistilled`` (DeiT with a distillation token),
 ``Eva`` (DINOv3, EVA-02, Perception Encoder), ``Beit`` (a relative
-position bias: BEiT, BEiT v2), ``VisionTransformerSAM`` (Segment
-Anything's image encoder) or ``Cait`` (class attention, talking heads).
+position bias: BEiT, BEiT v2), ``VisionTransformerRelPos`` (a relative
+position MLP, or a table without a class token: ``vit_relpos_*``),
+``VisionTransformerSAM`` (Segment Anything's image encoder) or ``Cait``
+(class attention, talking heads).
 torch,
 torchvision and timm are imported here only (after TensorFlow too:
 :func:`vit_jax.weights.files.torch_after_tensorflow`).
@@ -73,13 +75,13 @@ def _pool(model) -> str:
 
 
 def timm_class(model, variables) -> str:
-  """``'cait'``, ``'beit'``, ``'sam'``, ``'eva'``, ``'distilled'`` or
-  ``'vit'``: the timm class of the tree."""
+  """``'cait'``, ``'relpos'``, ``'beit'``, ``'sam'``, ``'eva'``,
+  ``'distilled'`` or ``'vit'``: the timm class of the tree."""
   if model.class_attn_layers:
     return "cait"
-  if model.rel_pos_bias is not None:
-    return "beit"
   flat = trees.flatten(trees.wrap(trees.unstack_layers(trees.wrap(variables))))
+  if model.rel_pos_bias is not None:
+    return "relpos" if layouts.is_relpos_tree(flat) else "beit"
   if (model.window_size or model.rel_pos or model.neck_chans or
       layouts.timm_layout_of(flat) == "timm_sam"):
     return "sam"
@@ -109,6 +111,8 @@ def timm_model(model, variables, image_size=None):
         f"{model.patch_bias}, pre_norm={model.pre_norm}.")
   if kind == "cait":
     net = _cait(model, image_size)
+  elif kind == "relpos":
+    net = _relpos(model, image_size)
   elif kind == "beit":
     net = _beit(model, image_size)
   elif kind == "sam":
@@ -356,14 +360,46 @@ def _cait(model, image_size):
               mlp_ratio_token_only=_ratio(m.mlp_dim, m.hidden_size))
 
 
+def _relpos(model, image_size):
+  from timm.models import vision_transformer_relpos as relpos  # pylint: disable=import-outside-toplevel
+
+  m = model
+  lacks = [what for what, on in (
+      ("RoPE", m.rope is not None), ("registers", m.num_registers),
+      ("a distillation token", m.distilled),
+      ("a norm before the blocks", m.pre_norm),
+      ("a norm after the patch embedding", m.patch_norm),
+      ("norms inside the attention or MLP", m.attn_norm or m.mlp_norm),
+      ("LayerScale in post-norm blocks (ResPostRelPosBlock)",
+       m.post_norm and m.layer_scale_init is not None),
+      ("a gated MLP", m.gated_mlp), ("a MAP head", m.classifier == "map"),
+      ("q/v-only or no projection biases", not m.key_bias or not m.proj_bias),
+      ("RMSNorm", m.norm_type != "layer"),
+      ("a learned position embedding", m.abs_pos_embed),
+      ("a model without a final norm nor fc_norm",
+       not m.final_norm and not m.fc_norm),
+      ("a representation layer", m.representation_size)) if on]
+  _refuse("VisionTransformerRelPos", lacks)
+  kind = ("bias" if m.rel_pos_mlp is None else
+          "mlp_swin" if m.rel_pos_mlp == "swin" else "mlp")
+  return relpos.VisionTransformerRelPos(
+      **_sizes(m, image_size), qk_norm=m.qk_norm,
+      class_token=m.has_class_token, fc_norm=m.fc_norm,
+      global_pool=_pool(m), rel_pos_type=kind,
+      rel_pos_dim=m.rel_pos_mlp_dim, shared_rel_pos=m.rel_pos_bias == "shared",
+      block_fn=(relpos.ResPostRelPosBlock if m.post_norm
+                else relpos.RelPosBlock))
+
+
 def _refuse(cls: str, lacks) -> None:
   if lacks:
     raise NoTwin(f"timm's {cls} has no {'; no '.join(lacks)}.")
 
 
 def _sizes(m, image_size) -> dict:
-  """The constructor arguments timm's SAM and Cait share: sizes, heads,
-  MLP ratio, q/k/v biases, norm, activation, LayerScale."""
+  """The constructor arguments timm's SAM, Cait and
+  VisionTransformerRelPos share: sizes, heads, MLP ratio, q/k/v biases,
+  norm, activation, LayerScale."""
   d = m.hidden_size
   return dict(
       img_size=image_size, patch_size=m.patch_size, in_chans=m.num_channels,
