@@ -39,6 +39,27 @@ def assert_close_rel(ours, ref, rel: float = REL, what: str = "logits"
   return Closeness(err, scale)
 
 
+def features_and_logits(model):
+  """A jitted ``(variables, x) -> (forward_features, logits)``: one
+  program, the logits by ``forward_head`` of the features."""
+  def both(v, x):
+    feats = model.apply(v, x, method=model.forward_features)
+    return feats, model.apply(v, feats, method=model.forward_head)
+  return jax.jit(both)
+
+
+def assert_parity(got, want, rel: float, record_property, label: str):
+  """(forward_features, logits) ``got`` within ``rel`` of ``want``'s; the
+  logits' error recorded (``rel_err``) and printed with ``label``.
+  Returns the logits' :class:`Closeness`."""
+  f = assert_close_rel(got[0], want[0], rel, "forward_features")
+  head = assert_close_rel(got[1], want[1], rel)
+  record_property("rel_err", head.rel)
+  print(f"\nPARITY {label}: logits rel {head.rel:.2g}, forward_features "
+        f"rel {f.rel:.2g}")
+  return head
+
+
 def images(n=2, size=64, seed=0, height=None) -> np.ndarray:
   """NHWC float32 normalised-looking images (``height`` for non-square)."""
   return np.random.default_rng(seed).standard_normal(
@@ -114,6 +135,39 @@ def random_timm(seed=0, num_classes=10, depth=3, name="vit_tiny_patch16_224",
   m = timm.create_model(name, pretrained=False, num_classes=num_classes,
                         img_size=size, depth=depth, **kw)
   return perturb_torch(m, seed)
+
+
+def parameter_counts(name: str):
+  """(our model of timm's architecture ``name`` (scanned blocks), its
+  parameter count (by ``eval_shape``: nothing allocated), timm's (its
+  model on the meta device))."""
+  import math  # pylint: disable=import-outside-toplevel
+  from vit_jax.weights import verify  # pylint: disable=import-outside-toplevel
+  m, _ = verify.timm_meta(name, depth=None)
+  want = sum(p.numel() for p in m.parameters())
+  model = models.get_model(name, scan_layers=True)
+  size = models.pair(model.image_size)
+  shapes = jax.eval_shape(lambda: model.init(
+      jax.random.key(0), jnp.zeros((1, *size, 3)), train=False))
+  got = sum(math.prod(s.shape) for s in jax.tree_util.tree_leaves(
+      shapes["params"]))
+  return model, got, want
+
+
+def record_round_trip(model, variables, path: str):
+  """Our architecture record of ``model`` builds the same model, and our
+  safetensors file at ``path`` (no preprocessing in it: a GuessWarning on
+  load) gives it back: returns (the record, the loaded model and
+  variables)."""
+  import pytest  # pylint: disable=import-outside-toplevel
+  from vit_jax import formats, weights  # pylint: disable=import-outside-toplevel
+  record = models.arch_record(model)
+  assert models.arch_record(models.get_model(record)) == record
+  formats.save_safetensors(variables, path, model=model)
+  with pytest.warns(weights.GuessWarning, match="how images must be"):
+    back = weights.load(path)  # our file without preprocessing
+  assert models.arch_record(back.model) == record
+  return record, back
 
 
 def timm_logits(m, x):

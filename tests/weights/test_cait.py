@@ -16,16 +16,15 @@ released names at their real widths are checked by
 ``tests/weights/test_registry.py`` (``-k cait``).
 """
 
-import math
-
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 
 import vit_jax
-from compare import assert_close_rel
-from vit_jax import formats, models, weights
+from compare import (assert_close_rel, assert_parity, features_and_logits,
+                     parameter_counts, record_round_trip)
+from vit_jax import formats, models
 from vit_jax.weights import trees, twins, verify
 
 timm = pytest.importorskip("timm")
@@ -74,14 +73,6 @@ def loaded(cait):
   return formats.from_timm(cait[1], NAME)
 
 
-def _features_and_logits(model, variables, x):
-  feats = jax.jit(lambda v, x: model.apply(
-      v, x, method=model.forward_features))(variables, x)
-  logits = jax.jit(lambda v, f: model.apply(
-      v, f, method=model.forward_head))(variables, feats)
-  return np.asarray(feats), np.asarray(logits)
-
-
 def test_from_timm_equals_timm(cait, loaded, record_property):
   _, _, x, _, feats, logits = cait
   model, variables = loaded
@@ -89,13 +80,10 @@ def test_from_timm_equals_timm(cait, loaded, record_property):
   assert (model.num_heads, model.no_embed_class, model.layer_norm_eps,
           model.drop_path_schedule) == (4, True, 1e-6, "constant")
   assert model.num_prefix_tokens == 1 and model.classifier == "token"
-  got_feats, got_logits = _features_and_logits(model, variables, x)
-  f = assert_close_rel(got_feats, feats, TOL, "forward_features")
-  head = assert_close_rel(got_logits, logits, TOL)
-  record_property("rel_err", head.rel)
-  print(f"\nPARITY {NAME} (2 blocks + 2 class-attention, width 192, 3x4 "
-        f"grid): logits rel {head.rel:.2g}, forward_features rel "
-        f"{f.rel:.2g}")
+  got_feats, got_logits = features_and_logits(model)(variables, x)
+  head = assert_parity(
+      (got_feats, got_logits), (feats, logits), TOL, record_property,
+      f"{NAME} (2 blocks + 2 class-attention, width 192, 3x4 grid)")
   whole = jax.jit(lambda v, x: model.apply(v, x))(variables, x)
   np.testing.assert_allclose(whole, got_logits, rtol=0,
                              atol=TOL * head.scale)
@@ -174,16 +162,10 @@ def test_scanned_and_rematerialised_blocks(cait):
 
 def test_arch_record_and_checkpoint_keep_the_architecture(loaded, cait,
                                                           tmp_path):
-  model, variables = loaded
-  record = models.arch_record(model)
+  record, back = record_round_trip(*loaded,
+                                   str(tmp_path / "cait.safetensors"))
   assert (record["talking_heads"], record["class_attn_layers"],
           record["drop_path_schedule"]) == (True, 2, "constant")
-  assert models.arch_record(models.get_model(record)) == record
-  path = str(tmp_path / "cait.safetensors")
-  formats.save_safetensors(variables, path, model=model)
-  with pytest.warns(weights.GuessWarning, match="how images must be"):
-    back = weights.load(path)  # our file without preprocessing
-  assert models.arch_record(back.model) == record
   _, _, x, _, _, logits = cait
   assert_close_rel(jax.jit(back.model.apply)(back.variables, x), logits, TOL)
 
@@ -245,14 +227,7 @@ def test_options_that_do_not_combine_are_refused():
 def test_parameter_count_is_timms():
   """A real-size name: cait_s24_384 (24 blocks, 2 class-attention blocks,
   width 384 in 8 heads, a 24x24 grid) has timm's parameter count."""
-  name = "cait_s24_384"
-  m, _ = verify.timm_meta(name, depth=None)
-  want = sum(p.numel() for p in m.parameters())
-  model = models.get_model(name, scan_layers=True)
-  shapes = jax.eval_shape(lambda: model.init(
-      jax.random.key(0), jnp.zeros((1, 384, 384, 3)), train=False))
-  got = sum(math.prod(s.shape) for s in jax.tree_util.tree_leaves(
-      shapes["params"]))
+  model, got, want = parameter_counts("cait_s24_384")
   assert (model.num_layers, model.class_attn_layers, model.num_heads) == (
       24, 2, 8)
   assert got == want
