@@ -422,7 +422,7 @@ def torch_model(model, variables, image_size: Optional[int] = None):
           f"neither torchvision's nor timm's ViT holds a "
           f"classifier={model.classifier!r} model with a conv stem or a "
           f"representation layer.")
-    variant = models.Variant(model.hidden_size, model.num_layers,
-                             model.num_heads, model.mlp_dim, model.patch_size)
-    return torchvision_model(variables, variant, conv_stem=model.conv_stem)
+    # The sizes are the weights'; the heads are the model's (no name).
+    return torchvision_model(variables, None, conv_stem=model.conv_stem,
+                             num_heads=model.num_heads)
   return timm_model(model, variables, image_size)
