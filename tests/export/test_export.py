@@ -10,6 +10,7 @@ perturbed, so each weight matters.
 
 import functools
 import os
+import re
 
 import jax
 import jax.numpy as jnp
@@ -366,8 +367,13 @@ def test_servable_errors(tmp_path):
   model, variables = _model("classic")
   with pytest.raises(export.ExportError, match="crops 48x48.*32x32"):
     export.servable((model, variables, convert.Preprocessing(crop_size=48)))
-  with pytest.raises(export.ExportError, match="no classification head"):
-    export.servable((model.clone(num_classes=0), variables))
+  headless = model.clone(num_classes=0)
+  with pytest.raises(export.ExportError, match="no classification head.*"
+                     "output='features'"):
+    export.servable((headless, variables), output="logits")
+  assert export.servable((headless, variables)).output == "features"
+  with pytest.raises(export.ExportError, match="output 'tokens'"):
+    export.servable((model, variables), output="tokens")
   with pytest.raises(export.ExportError, match="expected a checkpoint path"):
     export.servable(42)
   with pytest.raises(export.ExportError, match="needs the weights' "
@@ -562,3 +568,92 @@ def test_a_rotary_only_model_exports_at_the_size_given(tmp_path, dinov3_file):
     ref = m(torch_in(x48)).numpy()
   got = export.load("stablehlo", out)(x48)
   assert np.abs(got - ref).max() / np.abs(ref).max() < TOL
+
+
+# --------------------------------------------------------------------------- #
+# The timm-only families (BEiT, CaiT, the relpos ViTs, SAM's encoder), and
+# feature extractors: artifacts that return forward_features.
+# --------------------------------------------------------------------------- #
+
+# Each family's options at the size of _SMALL; their ONNX twins are timm's
+# Beit, Cait, VisionTransformerRelPos and VisionTransformerSAM.
+TIMM_FAMILIES = {
+    "beit": dict(rel_pos_bias="block", abs_pos_embed=False, key_bias=False,
+                 layer_scale_init=0.1, fc_norm=True, classifier="gap",
+                 class_token=True),
+    "cait": dict(talking_heads=True, class_attn_layers=2,
+                 no_embed_class=True, layer_scale_init=0.1),
+    "relpos": dict(rel_pos_bias="block", rel_pos_mlp="cr",
+                   rel_pos_mlp_dim=32, abs_pos_embed=False, classifier="gap",
+                   class_token=False, fc_norm=True),
+    "sam": dict(window_size=2, global_attn_indexes=(1,), rel_pos=True,
+                neck_chans=32, classifier="gap", final_norm=False,
+                class_token=False),
+}
+
+
+def _timm_family(family, **overrides):
+  model = models.get_model("vit_ti_16", **{**_SMALL, **TIMM_FAMILIES[family],
+                                           **overrides})
+  variables = _perturbed(model.init(jax.random.key(0),
+                                    jnp.zeros((1, 32, 32, 3))), scale=0.2)
+  return model, variables
+
+
+@pytest.mark.parametrize("family", sorted(TIMM_FAMILIES))
+def test_timm_families_export_to_onnx(tmp_path, family):
+  """ONNX goes through each family's torch twin (SAM's windows attend
+  through torch's explicit path: the exporter takes no 3-D fused
+  attention); StableHLO and SavedModel export the same JAX function for
+  every family (SAM's below)."""
+  s = export.servable(_timm_family(family))
+  path = export.export(s, "onnx", str(tmp_path / f"{family}.onnx"))
+  err = float(export.verify(s, "onnx", path))
+  print(f"\nEXPORT {family} onnx: max relative error {err:.1e}")
+  assert err < TOL, (family, err)
+
+
+@pytest.mark.parametrize("fmt", export.FORMATS)
+def test_sams_encoder_exports_its_neck_map(tmp_path, fmt, capsys):
+  """SAM's released encoders have no head: the artifact is a feature
+  extractor returning forward_features, the neck's (B, h, w, C) map, and
+  --verify checks it against JAX (batch 1 and 7)."""
+  model, variables = _timm_family("sam", num_classes=0)
+  ckpt = str(tmp_path / "sam.safetensors")
+  formats.save_safetensors(variables, ckpt, model=model)
+  out = str(tmp_path / f"sam{SUFFIX[fmt]}")
+  with pytest.warns(UserWarning):  # our file records no preprocessing
+    rc = export_cli.main(["--checkpoint", ckpt, "--format", fmt, "--out",
+                          out, "--verify"])
+  text = capsys.readouterr().out
+  assert rc == 0, text
+  assert "-> features: float32 (batch, 4, 4, 32)" in text, text
+  err = float(re.search(r"max relative error against JAX (\S+)",
+                        text).group(1))
+  assert err < TOL, text
+  x = np.random.RandomState(1).standard_normal((3, 32, 32, 3)).astype(
+      np.float32)
+  want = jax.jit(lambda v, x: model.apply(
+      v, x, method=model.forward_features))(variables, x)
+  got = export.load(fmt, out)(x)
+  assert got.shape == (3, 4, 4, 32)
+  np.testing.assert_allclose(got, want, rtol=0,
+                             atol=TOL * np.abs(want).max())
+
+
+def test_features_of_a_model_with_a_head(tmp_path):
+  """--output features on a classifier: the tokens after the final norm,
+  from timm's twin and from torchvision's (a conv stem, a representation
+  layer: the twin torchvision's, whose encoder gives them)."""
+  stem = [models.ConvStemConfig(16, 3, 2), models.ConvStemConfig(32, 3, 2),
+          models.ConvStemConfig(32, 3, 2)]  # /8: the patch size
+  for name, (family, extra) in {
+      "gap": ("gap", {}), "conv_stem": ("classic", dict(conv_stem=tuple(stem))),
+      "pre_logits": ("classic", dict(representation_size=32))}.items():
+    model, variables = _model(family, **extra)
+    s = export.servable((model, variables), output="features")
+    assert export.output_shape(s) == (None, 16 + model.num_prefix_tokens, 64)
+    path = export.export(s, "onnx", str(tmp_path / f"{name}.onnx"))
+    err = float(export.verify(s, "onnx", path))
+    print(f"\nEXPORT features {name} onnx: max relative error {err:.1e}")
+    assert err < TOL, (name, err)

@@ -25,6 +25,12 @@ int32 (batch, seq_len, 2), ``patch_valid`` bool (batch, seq_len);
 shape), as StableHLO, with a symbolic sequence length unless ``--seq-len``
 fixes it: one artifact runs every length.
 
+A model without a classification head (SAM's released image encoders,
+self-supervised backbones), or any model with ``--output features``, is
+exported as a feature extractor: its artifact returns ``forward_features``
+(float32; the tokens after the final norm, ``(batch, prefix + N, D)``, or
+SAM's neck's ``(batch, h, w, C)`` map) under the name ``features``.
+
 The batch dimension is dynamic unless ``--batch`` fixes it. ``--dtype
 bfloat16`` computes in bfloat16 (parameters stored in bfloat16); inputs and
 logits keep the dtypes above.
@@ -55,11 +61,11 @@ import numpy as np
 
 from vit_jax.export import base, stablehlo
 from vit_jax.export.base import (  # noqa: F401  (public names)
-    Servable, exported, input_spec, servable, serving_function)
+    Servable, exported, input_spec, output_shape, servable, serving_function)
 from vit_jax.export.stablehlo import (  # noqa: F401
     StableHLOArtifact, export_stablehlo, load_stablehlo)
 from vit_jax.export.types import (  # noqa: F401
-    DTYPES, FORMATS, ExportError, InputSpec, NaFlexInputSpec)
+    DTYPES, FORMATS, OUTPUTS, ExportError, InputSpec, NaFlexInputSpec)
 from vit_jax.weights import trees
 
 
@@ -68,7 +74,7 @@ def export(checkpoint, fmt: str, out: str, *, batch: Optional[int] = None,
            platforms: Sequence[str] = ("cpu",),
            model_name: Optional[str] = None,
            image_size: Optional[int] = None, preprocessing=None,
-           seq_len: Optional[int] = None) -> str:
+           seq_len: Optional[int] = None, output: Optional[str] = None) -> str:
   """Writes ``checkpoint`` as a ``fmt`` artifact at ``out``; returns ``out``.
 
   Args:
@@ -83,7 +89,9 @@ def export(checkpoint, fmt: str, out: str, *, batch: Optional[int] = None,
       of any size and resizes, crops and normalises them itself.
     platforms: for stablehlo / savedmodel, the platforms the module is
       lowered for (e.g. ``('cpu', 'cuda')``).
-    model_name, image_size, preprocessing: see :func:`servable`.
+    model_name, image_size, preprocessing, output: see :func:`servable`
+      (``output`` for a path or loaded checkpoint; a :class:`Servable`
+      keeps its own).
     seq_len: a NaFlex model's fixed sequence length; ``None`` (default):
       symbolic (StableHLO only).
   """
@@ -91,8 +99,14 @@ def export(checkpoint, fmt: str, out: str, *, batch: Optional[int] = None,
     raise ExportError(f"format {fmt!r}: expected one of {FORMATS}")
   if dtype not in DTYPES:
     raise ExportError(f"dtype {dtype!r}: expected one of {DTYPES}")
-  s = base.servable(checkpoint, preprocessing=preprocessing, model_name=model_name,
-               image_size=image_size)
+  if isinstance(checkpoint, Servable):
+    s = checkpoint
+    if output is not None and output != s.output:
+      s = dataclasses.replace(s, output=output)
+  else:
+    s = base.servable(checkpoint, preprocessing=preprocessing,
+                      model_name=model_name, image_size=image_size,
+                      output=output)
   kwargs = dict(batch=batch, dtype=dtype, with_preprocessing=with_preprocessing)
   if base.is_naflex(s.model) and fmt != "stablehlo":
     raise ExportError(
@@ -114,18 +128,21 @@ def export(checkpoint, fmt: str, out: str, *, batch: Optional[int] = None,
 
 def load(fmt: str, path: str) -> Callable:
   """An artifact run by its own runtime, as ``images (numpy) -> logits
-  (numpy)``: ``jax.export``, ``tf.saved_model.load`` or onnxruntime."""
+  (numpy)`` (or features: its one output): ``jax.export``,
+  ``tf.saved_model.load`` or onnxruntime."""
   if fmt == "stablehlo":
     art = load_stablehlo(path)
     return lambda images: np.asarray(art(images))
   if fmt == "savedmodel":
     import tensorflow as tf  # pylint: disable=import-outside-toplevel
     serve = tf.saved_model.load(path).signatures["serving_default"]
-    return lambda images: serve(images=tf.constant(images))["logits"].numpy()
+    name, = serve.structured_outputs
+    return lambda images: serve(images=tf.constant(images))[name].numpy()
   if fmt == "onnx":
     import onnxruntime as ort  # pylint: disable=import-outside-toplevel
     sess = ort.InferenceSession(path, providers=["CPUExecutionProvider"])
-    return lambda images: sess.run(["logits"], {"images": images})[0]
+    name = sess.get_outputs()[0].name
+    return lambda images: sess.run([name], {"images": images})[0]
   raise ExportError(f"format {fmt!r}: expected one of {FORMATS}")
 
 
@@ -163,7 +180,7 @@ def verify(s: Servable, fmt: str, path: str, *, with_preprocessing=False,
             tuple(seq_lens or (32, 77)))
   else:
     lens, spec = None, None
-  if head is None or np.any(np.asarray(head)):
+  if head is None or s.output != "logits" or np.any(np.asarray(head)):
     return Verified(_max_rel_err(s, fmt, path, with_preprocessing, dtype,
                                  batch, seed, lens))
   probe = _with_random_head(s, seed)
@@ -237,7 +254,7 @@ def _max_rel_err(s, fmt, path, with_preprocessing, dtype, batch, seed,
     got = np.asarray(run(images), np.float64)
     scale = np.abs(ref).max()
     if not scale > 0:
-      raise ExportError("verify: the JAX logits are all zero, so no relative "
-                        "error can be measured.")
+      raise ExportError(f"verify: the JAX {s.output} are all zero, so no "
+                        f"relative error can be measured.")
     worst = max(worst, float(np.abs(got - ref).max() / scale))
   return worst

@@ -8,7 +8,7 @@ import sys
 from typing import Optional, Sequence
 
 from vit_jax.data import console
-from vit_jax.export.types import DTYPES, FORMATS
+from vit_jax.export.types import DTYPES, FORMATS, OUTPUTS
 
 
 def _size_of(path: str) -> int:
@@ -22,7 +22,8 @@ def _parser():
   ap = console.Parser(
       prog="python -m vit_jax.export",
       description="Export a ViT checkpoint as a StableHLO, TensorFlow "
-                  "SavedModel or ONNX artifact (images in, logits out).")
+                  "SavedModel or ONNX artifact (images in, logits or "
+                  "features out).")
   ap.add_argument("--checkpoint", required=True,
                   help="anything vit_jax.weights.load reads: a pretrained "
                        "name (vit_small_patch14_reg4_dinov2.lvd142m; "
@@ -50,6 +51,11 @@ def _parser():
   ap.add_argument("--seq-len", type=int, default=None,
                   help="a NaFlex model's fixed sequence length (default: "
                        "symbolic, any length)")
+  ap.add_argument("--output", choices=OUTPUTS, default=None,
+                  help="what the artifact returns: logits, or features "
+                       "(forward_features: the tokens after the final norm; "
+                       "SAM's neck map). Default: logits, or features for a "
+                       "model without a classification head")
   ap.add_argument("--verify", action="store_true",
                   help="run the artifact in its runtime on random inputs "
                        "(batch 1 and 7; NaFlex: two sequence lengths) and "
@@ -64,10 +70,11 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
   from vit_jax import weights  # pylint: disable=import-outside-toplevel
   servable, export, input_spec = (export_lib.servable, export_lib.export,
                                   export_lib.input_spec)
+  output_shape = export_lib.output_shape
   verify, ExportError = export_lib.verify, export_lib.ExportError  # pylint: disable=invalid-name
   try:
     s = servable(args.checkpoint, model_name=args.model,
-                 image_size=args.image_size)
+                 image_size=args.image_size, output=args.output)
     platforms = tuple(p.strip() for p in args.platforms.split(",") if p.strip())
     out = export(s, args.format, args.out, batch=args.batch, dtype=args.dtype,
                  with_preprocessing=args.with_preprocessing,
@@ -79,8 +86,10 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     print(f"error: {e}", file=sys.stderr)
     return 1
   print(f"wrote {out} ({args.format}, {_size_of(out) / 2 ** 20:.1f} MiB)")
-  print(f"  images: {spec.describe()} -> logits: float32 (batch, "
-        f"{s.model.num_classes}); computed in {args.dtype}")
+  dims = ", ".join("batch" if d is None else str(d)
+                   for d in output_shape(s, batch=args.batch))
+  print(f"  images: {spec.describe()} -> {s.output}: float32 ({dims}); "
+        f"computed in {args.dtype}")
   if args.with_preprocessing:
     p = s.preprocessing
     print(f"  preprocessing: resize {p.resize_size}, center crop "

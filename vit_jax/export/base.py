@@ -13,7 +13,7 @@ from typing import Any, Optional
 import numpy as np
 
 from vit_jax.export.preprocessing import preprocess, resize_method
-from vit_jax.export.types import (DTYPES, ExportError, InputSpec,
+from vit_jax.export.types import (DTYPES, OUTPUTS, ExportError, InputSpec,
                                   NaFlexInputSpec)
 
 
@@ -25,11 +25,13 @@ class Servable:
   variables: Any
   preprocessing: Any  # vit_jax.convert.Preprocessing, or None
   image_size: int
+  output: str = "logits"  # or 'features': see OUTPUTS
 
 
 def servable(checkpoint, *, preprocessing=None,
              model_name: Optional[str] = None,
-             image_size: Optional[int] = None) -> Servable:
+             image_size: Optional[int] = None,
+             output: Optional[str] = None) -> Servable:
   """The model, variables and preprocessing to export.
 
   Args:
@@ -44,6 +46,11 @@ def servable(checkpoint, *, preprocessing=None,
     image_size: the artifact's input size: passed to ``load`` for a path;
       for a loaded model, its learned position embedding is resampled to
       it (a model with rotary positions only takes it as it is).
+    output: what the artifact returns: ``'logits'``, or ``'features'``
+      (``forward_features``: the tokens after the final norm, (B, prefix +
+      N, D); SAM's neck's (B, h, w, C) map). Default: the logits, or the
+      features of a model without a classification head (SAM's released
+      encoders, DINOv2's backbones).
 
   The input size is ``image_size``, else the model's own (its
   ``image_size``, its position embedding's grid), else its
@@ -66,10 +73,20 @@ def servable(checkpoint, *, preprocessing=None,
                       f"checkpoint path, a loaded checkpoint or (model, "
                       f"variables[, preprocessing]).")
   pre = preprocessing if preprocessing is not None else pre
-  if not getattr(model, "num_classes", None) or model.classifier == "unpooled":
-    raise ExportError("The model has no classification head: an artifact "
-                      "returns logits, so there is nothing to export.")
+  headless = (not getattr(model, "num_classes", None) or
+              model.classifier == "unpooled")
+  if output is None:
+    output = "features" if headless else "logits"
+  if output not in OUTPUTS:
+    raise ExportError(f"output {output!r}: expected one of {OUTPUTS}")
+  if output == "logits" and headless:
+    raise ExportError("The model has no classification head, so it has no "
+                      "logits to export: export its features "
+                      "(output='features', --output features).")
   if is_naflex(model):  # any image shape: no input size
+    if output != "logits":
+      raise ExportError("A NaFlex artifact returns logits (its features are "
+                        "a padded, masked sequence): export output='logits'.")
     return Servable(model, variables, pre, 0)
   if image_size is not None:
     model, variables = _at_size(model, variables, image_size)
@@ -82,7 +99,7 @@ def servable(checkpoint, *, preprocessing=None,
     raise ExportError(f"The preprocessing crops {pre.crop_size}x"
                       f"{pre.crop_size} images but the model takes "
                       f"{size}x{size}.")
-  return Servable(model, variables, pre, size)
+  return Servable(model, variables, pre, size, output)
 
 
 def _at_size(model, variables, image_size):
@@ -110,12 +127,6 @@ def _at_size(model, variables, image_size):
   if model.image_size is not None and models.pair(model.image_size) != (h, w):
     model = model.clone(image_size=None)
   return model, variables
-
-
-def is_naflex(model) -> bool:
-  """A NaFlex model: its artifact takes the NaFlex dict (patches,
-  coordinates, mask) with a symbolic sequence length."""
-  return getattr(model, "naflex", None) is not None
 
 
 def is_naflex(model) -> bool:
@@ -161,9 +172,9 @@ def _image_size(model, variables, pre=None, model_name=None) -> int:
 def serving_function(s: Servable, *, dtype: str = "float32",
                      with_preprocessing: bool = False,
                      dynamic_batch: bool = True):
-  """``(fn, params)``: ``fn(params, images) -> float32 logits``, the function
-  every format exports, and the parameters it is exported with (cast to
-  ``dtype``)."""
+  """``(fn, params)``: ``fn(params, images) -> float32 logits`` (or
+  features: ``s.output``), the function every format exports, and the
+  parameters it is exported with (cast to ``dtype``)."""
   import jax  # pylint: disable=import-outside-toplevel
   import jax.numpy as jnp  # pylint: disable=import-outside-toplevel
 
@@ -201,11 +212,28 @@ def serving_function(s: Servable, *, dtype: str = "float32",
                    else np.asarray(x)), params)
   pre = s.preprocessing
 
+  method = model.forward_features if s.output == "features" else None
+
   def fn(params, images):
     x = preprocess(images, pre) if with_preprocessing else images
-    return model.apply(params, x, train=False).astype(jnp.float32)
+    return model.apply(params, x, train=False, method=method).astype(
+        jnp.float32)
 
   return fn, params
+
+
+def output_shape(s: Servable, *, batch: Optional[int] = None) -> tuple:
+  """The artifact's output shape, ``None`` for the dynamic batch: (batch,
+  classes) for logits; the features' own ((batch, tokens, width), or SAM's
+  (batch, h, w, channels))."""
+  import jax  # pylint: disable=import-outside-toplevel
+  if s.output == "logits":
+    return (batch, int(s.model.num_classes))
+  fn, params = serving_function(s)
+  spec = input_spec(s, batch=1)
+  shape = jax.eval_shape(fn, params, jax.ShapeDtypeStruct(
+      (1, *spec.shape[1:]), np.dtype(spec.dtype))).shape
+  return (batch, *shape[1:])
 
 
 def input_spec(s: Servable, *, batch: Optional[int] = None,

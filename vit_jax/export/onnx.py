@@ -112,16 +112,17 @@ def torch_model(s):
 
 
 def check_twin(s, net, tol: float = 1e-4):
-  """Raises ExportError unless the torch twin ``net`` gives the logits of
-  ``s.model.apply`` on a random batch (a layout the converters map only in
+  """Raises ExportError unless the torch twin ``net`` (NCHW in) gives the
+  logits of ``s.model.apply`` (or its features) on a random batch (a layout the converters map only in
   part, e.g. parameters torchvision has no place for, would not)."""
   import jax  # pylint: disable=import-outside-toplevel
   import torch  # pylint: disable=import-outside-toplevel
 
   x = np.random.RandomState(0).standard_normal(
       (2, s.image_size, s.image_size, s.model.num_channels)).astype(np.float32)
-  want = np.asarray(jax.jit(functools.partial(s.model.apply, train=False))(
-      s.variables, x), np.float64)
+  method = s.model.forward_features if s.output == "features" else None
+  want = np.asarray(jax.jit(functools.partial(
+      s.model.apply, train=False, method=method))(s.variables, x), np.float64)
   with torch.no_grad():
     got = net(torch.from_numpy(x.transpose(0, 3, 1, 2).copy())).numpy()
   err = float(np.abs(got - want).max() / max(np.abs(want).max(), 1e-30))
@@ -133,11 +134,51 @@ def check_twin(s, net, tol: float = 1e-4):
         f"savedmodel.")
 
 
+def _features_of(s, net):
+  """torch module: NCHW images -> ``s.model``'s ``forward_features`` from
+  the twin ``net``: timm's ``forward_features`` (SAM's NCHW neck map made
+  NHWC), torchvision's encoder output."""
+  import torch  # pylint: disable=import-outside-toplevel
+
+  sam = bool(s.model.neck_chans)
+
+  class Features(torch.nn.Module):
+
+    def __init__(self):
+      super().__init__()
+      self.net = net
+
+    def forward(self, x):
+      if hasattr(self.net, "forward_features"):  # timm's
+        y = self.net.forward_features(x)
+        return y.permute(0, 2, 3, 1) if sam else y
+      n = x.shape[0]  # torchvision's VisionTransformer
+      y = self.net._process_input(x)  # pylint: disable=protected-access
+      y = torch.cat([self.net.class_token.expand(n, -1, -1), y], dim=1)
+      return self.net.encoder(y)
+
+  return Features().eval()
+
+
+def _explicit_windowed_attention(net):
+  """timm's SAM attends within windows through torch's fused attention on
+  3-D (windows x heads, tokens, width) tensors, which the ONNX exporter
+  refuses (4-D only): its explicit path computes the same function."""
+  for module in net.modules():
+    if (type(module).__module__.endswith("vision_transformer_sam") and
+        hasattr(module, "fused_attn")):
+      module.fused_attn = False
+
+
 def serving_module(s, *, with_preprocessing: bool = False):
-  """torch module: images (as the artifact takes them) -> logits."""
+  """torch module: images (as the artifact takes them) -> logits (or
+  features: ``s.output``)."""
   import torch  # pylint: disable=import-outside-toplevel
 
   net = torch_model(s)
+  _explicit_windowed_attention(net)
+  if s.output == "features":
+    net = _features_of(s, net)
   check_twin(s, net)
   pre = _torch_preprocessing(s.preprocessing) if with_preprocessing else None
 
@@ -187,7 +228,7 @@ def export_onnx(s, out: str, *, batch=None, dtype: str = "float32",
   with torch.no_grad():
     torch.onnx.export(
         module, (example,), out, input_names=["images"],
-        output_names=["logits"], opset_version=_OPSET, dynamo=True,
+        output_names=[s.output], opset_version=_OPSET, dynamo=True,
         dynamic_shapes={"images": dynamic},
         external_data=weight_bytes > _ONE_FILE_MAX_BYTES, verbose=False)
   return out

@@ -3,7 +3,8 @@
 
 The ``jax.export`` module of the serving function runs in TensorFlow's
 ``XlaCallModule`` op, inside a ``tf.function`` whose ``serving_default``
-signature takes ``images`` and returns ``{"logits": ...}``; the parameters
+signature takes ``images`` and returns ``{"logits": ...}`` (a feature
+extractor's: ``{"features": ...}``); the parameters
 are TF variables (SavedModel's ``variables/``, no 2 GB graph limit).
 
 Why not plain ``jax2tf.convert``: TensorFlow 2.21 fails to run its output
@@ -107,8 +108,8 @@ def export_savedmodel(s, out: str, *, batch=None, dtype="float32",
     images = tf.ensure_shape(images, spec.shape)
     # jax2tf's native serialization of an Exported: one XlaCallModule op.
     # pylint: disable-next=protected-access
-    logits, = jax2tf._run_exported_as_tf([*module.params, images], exp)
-    return {"logits": logits}
+    out, = jax2tf._run_exported_as_tf([*module.params, images], exp)
+    return {s.output: out}
 
   module.serve = serve
   tf.saved_model.save(module, out, signatures={"serving_default": serve})

@@ -11,6 +11,9 @@ import numpy as np
 
 FORMATS = ("stablehlo", "savedmodel", "onnx")
 DTYPES = ("float32", "bfloat16")
+# What an artifact returns: the logits, or forward_features (the tokens
+# after the final norm; SAM's neck's (B, h, w, C) map).
+OUTPUTS = ("logits", "features")
 
 
 class ExportError(ValueError):
