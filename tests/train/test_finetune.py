@@ -381,3 +381,49 @@ def test_digits_recipe_from_a_dinov3_file_says_what_to_pass(tmp_path):
   init = train_init.load_initial_weights(cfg, stated=("model_name",))
   assert (init.arch["rope"], init.arch["num_heads"]) == ("dinov3", 6)
   assert init.model_name == "vit_small_patch16_dinov3"
+
+
+# ---------------------------------------------------------------------------
+# The timm-only families: a file of timm's weights fine-tunes as any other.
+# ---------------------------------------------------------------------------
+
+# timm name -> its constructor's options: the name's widths and heads, one
+# block (the depth is the weights'), 32 px images (a 2x2 grid of patches;
+# SAM's first block attends within its name's 14x14 windows, padded).
+TIMM_FAMILY_FILES = {
+    "beit": ("beit_base_patch16_224", {}),
+    "cait": ("cait_xxs24_224", {}),
+    "relpos": ("vit_relpos_small_patch16_224", {}),
+    "sam": ("samvit_base_patch16", dict(num_classes=0)),
+}
+
+
+@pytest.mark.parametrize("family", sorted(TIMM_FAMILY_FILES))
+def test_finetune_from_a_timm_family_file(tmp_path, family):
+  """BEiT (relative position tables), CaiT (class attention, talking
+  heads), timm's relpos ViT (a position MLP) and SAM's encoder (windows,
+  decomposed positions, the neck; no head in the file): a safetensors file
+  of timm's weights with its name fine-tunes through train.py's loop (a new
+  10-class head, learning rate 0), and the trained workdir's features are
+  timm's."""
+  import timm  # pylint: disable=import-outside-toplevel
+  from safetensors.torch import save_file  # pylint: disable=import-outside-toplevel
+  name, kw = TIMM_FAMILY_FILES[family]
+  torch.manual_seed(0)
+  m = perturb_torch(timm.create_model(
+      name, pretrained=False, img_size=32, depth=1, **kw), 0, std=0.1,
+                    weights_only=True)
+  path = tmp_path / f"{family}.safetensors"
+  save_file({k: v.contiguous() for k, v in m.state_dict().items()}, str(path))
+  cfg = _finetune(path, 32, model_name=name)
+  train_loop.train_and_evaluate(cfg, str(tmp_path / "run"), devices=ONE,
+                                stated=("model_name",))
+  model, variables, info = orbax.load_for_inference(str(tmp_path / "run"))
+  assert model.num_classes == 10 and info["model_name"] == name
+  x = images(2, 32, seed=3)
+  with torch.no_grad():
+    ref = m.forward_features(torch_in(x)).numpy()
+  if family == "sam":  # timm's NCHW neck map; ours NHWC
+    ref = ref.transpose(0, 2, 3, 1)
+  assert_close_rel(apply(model, variables, x, method=model.forward_features),
+                   ref, what=f"fine-tuned {family} features")
