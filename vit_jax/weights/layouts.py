@@ -264,7 +264,8 @@ TIMM_NAFLEX = Layout("timm_naflex", rows=(
     ("embeds.norm_input", "a norm of the input patches"),
 ))
 
-# timm's Eva: DINOv3, EVA-02, Perception Encoder (and timm's RoPE ViTs).
+# timm's Eva: DINOv3, EVA-02, Perception Encoder (and timm's RoPE ViTs),
+# EVA-01 (eva_giant_*: no RoPE).
 # LayerScale is gamma_1 / gamma_2; the query and value biases are q_bias /
 # v_bias beside a fused qkv weight (the key has none), or the projections
 # are separate (q_proj, k_proj, v_proj: EVA-02 B/L and EVA-02 CLIP, the Eva
@@ -1407,10 +1408,12 @@ NAFLEX_NEEDS_A_NAME = (
 # weights without the name would silently drop the rotary embedding.
 NEEDS_A_NAME = (
     "These are the weights of a timm Eva model (DINOv3, EVA-02, Perception "
-    "Encoder: LayerScale gamma_1, q_bias / v_bias or separate q_proj), whose "
-    "rotary position embedding is not stored in the weights. Pass the timm "
-    "name, e.g. 'vit_small_patch16_dinov3', 'eva02_tiny_patch14_224' or "
-    "'vit_pe_core_tiny_patch16_384' (in the CLIs: --model).")
+    "Encoder, EVA-01: LayerScale gamma_1, q_bias / v_bias or separate "
+    "q_proj), whose rotary position embedding is not stored in the weights "
+    "(nor that it has none: EVA-01). Pass the timm name, e.g. "
+    "'vit_small_patch16_dinov3', 'eva02_tiny_patch14_224', "
+    "'vit_pe_core_tiny_patch16_384' or 'eva_giant_patch14_224' (in the "
+    "CLIs: --model).")
 
 
 def beit_pooling(keys) -> str:

@@ -7,9 +7,9 @@ is the class the tree belongs to: ``VisionTransformer`` (classic ViTs,
 DeiT-III, DINOv2 incl. its giant's packed SwiGLU, CLIP, SigLIP, AIMv2,
 RADIO; the R50+ViT hybrids with a ``HybridEmbed``),
 ``VisionTransformerDistilled`` (DeiT with a distillation token),
-``Eva`` (DINOv3, EVA-02, Perception Encoder), ``Beit`` (a relative
-position bias: BEiT, BEiT v2), ``VisionTransformerRelPos`` (a relative
-position MLP, or a table without a class token: ``vit_relpos_*``),
+``Eva`` (DINOv3, EVA-02, Perception Encoder, EVA-01's giants), ``Beit``
+(a relative position bias: BEiT, BEiT v2), ``VisionTransformerRelPos`` (a
+relative position MLP, or a table without a class token: ``vit_relpos_*``),
 ``VisionTransformerSAM`` (Segment Anything's image encoder) or ``Cait``
 (class attention, talking heads).
 torch,
