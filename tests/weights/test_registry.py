@@ -107,7 +107,7 @@ def test_computed_buffers_are_timms():
 # the refusal must name.
 REFUSED = {
     "vit_base_patch16_rope_mixed_224": "RoPE-Mixed",
-    "eva_giant_patch14_224": "EVA-01",
+    "vit_base_patch16_rope_reg1_gap_256": "timm's own RoPE ViTs (SBB)",
     "vit_small_resnet26d_224": "CNN backbone other than BiT",
     "samvit_base_patch16_224": "without its conv neck",
 }

@@ -61,7 +61,7 @@ def _refuse_unknown(layout: mapping.Layout, sd, unmatched) -> None:
         f"Not a {layout.name} VisionTransformer state dict (or one with parts "
         f"vit_jax does not know): {len(unmatched)} of its {len(sd)} keys are "
         f"no ViT parameter, e.g. {unmatched[:5]}. Is it another architecture "
-        f"(Swin, EVA-01, ConvNeXt, ResNet...)?")
+        f"(Swin, ConvNeXt, ResNet...)?")
 
 
 # Layouts whose weights cannot show what only the timm name decides: the
@@ -70,10 +70,10 @@ def _refuse_unknown(layout: mapping.Layout, sd, unmatched) -> None:
 _NAME_DECIDES = {
     "timm_eva": ("rope", layouts.NEEDS_A_NAME,
                  "is not a timm name of the Eva families vit_jax decodes "
-                 "(DINOv3, EVA-02, Perception Encoder), and these weights are "
-                 "an Eva model's (LayerScale gamma_1, q_bias / v_bias or "
-                 "separate q_proj), whose rotary position embedding the name "
-                 "must give."),
+                 "(DINOv3, EVA-02, Perception Encoder, EVA-01), and these "
+                 "weights are an Eva model's (LayerScale gamma_1, q_bias / "
+                 "v_bias or separate q_proj), whose rotary position embedding "
+                 "(or its absence) the name must give."),
     "timm_sam": ("window_size", layouts.SAM_NEEDS_A_NAME,
                  "is not a timm name of SAM's image encoder (samvit_*), and "
                  "these weights are a VisionTransformerSAM's (a neck, "

@@ -264,7 +264,8 @@ TIMM_NAFLEX = Layout("timm_naflex", rows=(
     ("embeds.norm_input", "a norm of the input patches"),
 ))
 
-# timm's Eva: DINOv3, EVA-02, Perception Encoder (and timm's RoPE ViTs).
+# timm's Eva: DINOv3, EVA-02, Perception Encoder (and timm's RoPE ViTs),
+# EVA-01 (eva_giant_*: no RoPE).
 # LayerScale is gamma_1 / gamma_2; the query and value biases are q_bias /
 # v_bias beside a fused qkv weight (the key has none), or the projections
 # are separate (q_proj, k_proj, v_proj: EVA-02 B/L and EVA-02 CLIP, the Eva
@@ -1112,7 +1113,7 @@ TIMM_SIZES = {
 _TIMM_NAME = re.compile(
     r"^(?P<family>vit_pe_(?:core|lang|spatial)|vit_s?relpos|vit|naflexvit|"
     r"deit3|deit|"
-    r"eva02|aimv2|beitv2|beit3|beit|samvit)_"
+    r"eva02|eva|aimv2|beitv2|beit3|beit|samvit)_"
     r"(?P<size>[a-z0-9]+?(?:_plus)?)(?P<distilled>_distilled)?"
     r"_patch(?P<patch>\d+)(?P<rest>_[a-z0-9_]*)?$")
 # The R50+ViT hybrids: vit_{size}_r{resnet depth}_s{stride}[_p{patch}]_{res}.
@@ -1125,6 +1126,12 @@ _TIMM_HYBRID_NAME = re.compile(
 _TIMM_CAIT_NAME = re.compile(r"^cait_(?P<size>xxs|xs|s|m)(?P<depth>\d+)_"
                              r"(?P<res>\d+)$")
 CAIT_WIDTHS = {"xxs": 192, "xs": 288, "s": 384, "m": 768}
+# FlexiViT: flexivit_{size} (patches of 16 at 240 px, the patch size its
+# weights were trained at among others; timm's pretrained configs).
+_TIMM_FLEXIVIT_NAME = re.compile(r"^flexivit_(?P<size>small|base|large)$")
+# timm's own tiny test ViTs (160 px in patches of 16): (width, depth).
+TEST_VIT_SIZES = {"test_vit": (64, 6), "test_vit2": (64, 8),
+                  "test_vit3": (96, 9)}
 # Widths of a family's size where it is not timm's usual one.
 _FAMILY_WIDTHS = (
     (r"^vit_giant_patch14_(reg\d+_)?(dinov2|tipsv2)", 1536),
@@ -1159,6 +1166,22 @@ TIMM_FAMILIES = (
     (r"^vit_s?relpos_", dict(classifier="gap")),
     (r"^vit_relpos_\w+_cls_", dict(classifier="token")),
     (r"^vit_relpos_base_patch(16|32)_plus", dict(num_heads=14)),
+    # FlexiViT (big_vision's): the class token has no position row.
+    (r"^flexivit_", dict(no_embed_class=True)),
+    # EVA-01's MIM fine-tunes as timm's VisionTransformer (eva_large_*):
+    # the mean of the patches, then fc_norm, beside a class token.
+    (r"^eva_large_", dict(classifier="gap")),
+    # timm's tiny test ViTs: heads of width 32; test_vit3's MAP head
+    # attends to the register token too (pool_include_prefix).
+    (r"^test_vit2?$", dict(num_heads=2)),
+    (r"^test_vit3$", dict(num_heads=3, pool_include_prefix=True)),
+    # EVA-01 (timm's Eva, eva_giant_*): no RoPE, q / v biases, a position
+    # row for the class token, timm's LayerNorm (1e-6, the CLIP tower
+    # too); the mean of the patches then fc_norm, or (_clip_) the class
+    # token after the final norm.
+    (r"^eva_giant_", dict(rope=None, layer_norm_eps=1e-6, classifier="gap",
+                          no_embed_class=False)),
+    (r"^eva_giant_patch14_clip_", dict(classifier="token")),
     # DINOv3 (timm's Eva): RoPE only, LayerNorm 1e-5, mean of the patches
     # (timm's default; upstream pools the class token: classifier='token').
     (r"_dinov3", dict(rope="dinov3", rope_temperature=100.0,
@@ -1254,7 +1277,8 @@ def parse_timm_name(name: str) -> Optional[Dict[str, Any]]:
     return None
   m = _TIMM_NAME.match(base)
   if m is None:
-    return _parse_hybrid_name(base) or _parse_cait_name(base)
+    return (_parse_hybrid_name(base) or _parse_cait_name(base) or
+            _parse_flexivit_name(base) or _parse_test_vit_name(base))
   rest = m.group("rest") or ""
   res = re.search(r"_(\d+)$", rest)
   reg = re.search(r"_reg(\d+)", rest)
@@ -1285,6 +1309,26 @@ def _parse_cait_name(base: str) -> Optional[Dict[str, Any]]:
               base=base, distilled=False, resample="timm", hybrid=False)
 
 
+def _parse_flexivit_name(base: str) -> Optional[Dict[str, Any]]:
+  m = _TIMM_FLEXIVIT_NAME.match(base)
+  if m is None:
+    return None
+  width, depth = TIMM_SIZES[m.group("size")]
+  return dict(family="flexivit", size=m.group("size"), width=width,
+              depth=depth, patch_size=16, image_size=240, registers=0,
+              base=base, distilled=False, resample="timm", hybrid=False)
+
+
+def _parse_test_vit_name(base: str) -> Optional[Dict[str, Any]]:
+  if base not in TEST_VIT_SIZES:
+    return None
+  width, depth = TEST_VIT_SIZES[base]
+  return dict(family="test_vit", size=base, width=width, depth=depth,
+              patch_size=16, image_size=160,
+              registers=0 if base == "test_vit" else 1, base=base,
+              distilled=False, resample="timm", hybrid=False)
+
+
 def _parse_hybrid_name(base: str) -> Optional[Dict[str, Any]]:
   m = _TIMM_HYBRID_NAME.match(base)
   if m is None:
@@ -1308,7 +1352,6 @@ TIMM_UNSUPPORTED = (
     (r"_sapiens2$", "Sapiens2 (grouped-query attention, attention-only "
                     "LayerScale)"),
     (r"_lingbot$", "LingBot-Vision"),
-    (r"^eva_giant", "EVA-01 (timm's eva_giant_*)"),
     (r"^vit_\w+_(resnet\d+d|mci)_", "a CNN backbone other than BiT's "
                                    "ResNetV2 stem (the R50+ViT hybrids "
                                    "vit_*_r50_* / _r26_* / vit_tiny_r_* "
@@ -1343,7 +1386,9 @@ def refuse_unsupported_timm(name: str, error=ValueError) -> None:
         f"Perception Encoder, AIMv2, CLIP, SigLIP / SigLIP 2 (incl. "
         f"NaFlex), C-RADIO (incl. NaFlex), timm's NaFlexVit, BEiT / BEiT "
         f"v2 / BEiT-3, SAM's image encoder (samvit_*), CaiT (cait_*), "
-        f"timm's relative-position ViTs (vit_relpos_*, vit_srelpos_*).")
+        f"timm's relative-position ViTs (vit_relpos_*, vit_srelpos_*), "
+        f"FlexiViT (flexivit_*), EVA-01 (eva_giant_*, eva_large_*), timm's "
+        f"test_vit / test_vit2 / test_vit3.")
 
 
 SAM_NEEDS_A_NAME = (
@@ -1363,10 +1408,12 @@ NAFLEX_NEEDS_A_NAME = (
 # weights without the name would silently drop the rotary embedding.
 NEEDS_A_NAME = (
     "These are the weights of a timm Eva model (DINOv3, EVA-02, Perception "
-    "Encoder: LayerScale gamma_1, q_bias / v_bias or separate q_proj), whose "
-    "rotary position embedding is not stored in the weights. Pass the timm "
-    "name, e.g. 'vit_small_patch16_dinov3', 'eva02_tiny_patch14_224' or "
-    "'vit_pe_core_tiny_patch16_384' (in the CLIs: --model).")
+    "Encoder, EVA-01: LayerScale gamma_1, q_bias / v_bias or separate "
+    "q_proj), whose rotary position embedding is not stored in the weights "
+    "(nor that it has none: EVA-01). Pass the timm name, e.g. "
+    "'vit_small_patch16_dinov3', 'eva02_tiny_patch14_224', "
+    "'vit_pe_core_tiny_patch16_384' or 'eva_giant_patch14_224' (in the "
+    "CLIs: --model).")
 
 
 def beit_pooling(keys) -> str:

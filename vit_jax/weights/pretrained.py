@@ -179,8 +179,9 @@ def list_names(pattern: str = "*", pretrained: bool = False,
 # The generator (needs timm): python -m vit_jax.weights.pretrained --write
 # --------------------------------------------------------------------------- #
 
-FAMILY_PATTERNS = ("vit_*", "deit*", "eva02_*", "aimv2_*", "naflexvit_*",
-                   "beit*", "samvit_*", "cait_*")
+FAMILY_PATTERNS = ("vit_*", "deit*", "eva02_*", "eva_*", "aimv2_*",
+                   "naflexvit_*", "beit*", "samvit_*", "cait_*", "flexivit_*",
+                   "test_vit", "test_vit2", "test_vit3")
 
 
 def _timm_architectures(patterns: Sequence[str] = FAMILY_PATTERNS,

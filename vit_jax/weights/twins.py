@@ -7,9 +7,9 @@ is the class the tree belongs to: ``VisionTransformer`` (classic ViTs,
 DeiT-III, DINOv2 incl. its giant's packed SwiGLU, CLIP, SigLIP, AIMv2,
 RADIO; the R50+ViT hybrids with a ``HybridEmbed``),
 ``VisionTransformerDistilled`` (DeiT with a distillation token),
-``Eva`` (DINOv3, EVA-02, Perception Encoder), ``Beit`` (a relative
-position bias: BEiT, BEiT v2), ``VisionTransformerRelPos`` (a relative
-position MLP, or a table without a class token: ``vit_relpos_*``),
+``Eva`` (DINOv3, EVA-02, Perception Encoder, EVA-01's giants), ``Beit``
+(a relative position bias: BEiT, BEiT v2), ``VisionTransformerRelPos`` (a
+relative position MLP, or a table without a class token: ``vit_relpos_*``),
 ``VisionTransformerSAM`` (Segment Anything's image encoder) or ``Cait``
 (class attention, talking heads).
 torch,
@@ -184,8 +184,6 @@ def _vit(model, image_size, distilled: bool):
   m = model
   if m.rope is not None or not m.key_bias and m.qkv_bias:
     raise NoTwin("timm's VisionTransformer has no RoPE nor q/v-only biases.")
-  if m.pool_include_prefix and m.num_prefix_tokens:
-    raise NoTwin("timm's VisionTransformer pools without the prefix tokens.")
   if m.final_norm is False and m.fc_norm:
     raise NoTwin("timm has no fc_norm without final_norm.")
   d = m.hidden_size
@@ -205,6 +203,7 @@ def _vit(model, image_size, distilled: bool):
       no_embed_class=m.no_embed_class or m.no_embed_registers,
       init_values=m.layer_scale_init, pre_norm=m.pre_norm, fc_norm=m.fc_norm,
       final_norm=m.final_norm, global_pool=_pool(m),
+      pool_include_prefix=m.pool_include_prefix,  # (timm's test_vit3)
       num_classes=m.num_classes or 0, act_layer=m.act, mlp_layer=mlp,
       norm_layer=_norm(m), embed_norm_layer=_norm(m) if m.patch_norm else None,
       pos_embed="learn" if m.abs_pos_embed else "none")
