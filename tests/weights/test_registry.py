@@ -108,7 +108,7 @@ def test_computed_buffers_are_timms():
 # timm names of the families vit_jax maps that it refuses, and the feature
 # the refusal must name.
 REFUSED = {
-    "vit_base_patch16_sapiens2": "Sapiens2",
+    "naflexvit_base_patch16_parfac_gap": "factorized NaFlex position",
     "eva_giant_patch14_224": "EVA-01",
     "vit_small_resnet26d_224": "CNN backbone other than BiT",
     "samvit_base_patch16_224": "without its conv neck",
