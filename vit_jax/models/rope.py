@@ -22,9 +22,9 @@ rounding:
   T = 10, turned by a random angle per block and head). The tables are
   built from the parameter on every forward pass, one per block.
 
-For 'dinov3' and 'cat' the first quarter-head of frequencies rotates by the
-first coordinate channel (y for ``indexing='ij'``, x for ``'xy'``) and the second
-by the other; patches are in row-major order. The prefix tokens (class
+For 'dinov3' and 'cat' the first quarter-head of frequencies rotates by
+the first coordinate channel (y for ``indexing='ij'``, x for ``'xy'``) and
+the second by the other; patches are in row-major order. The prefix tokens (class
 token, registers) are not rotated: their rows are the identity (cos 1,
 sin 0), which leaves them exactly as they are.
 

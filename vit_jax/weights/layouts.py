@@ -267,10 +267,11 @@ TIMM_NAFLEX = Layout("timm_naflex", rows=(
 # timm's Eva: DINOv3, EVA-02, Perception Encoder, timm's SBB RoPE ViTs,
 # Naver's RoPE-ViT (RoPE-Mixed's learned frequencies: rope.freqs, ours at
 # the encoder, the same (2, depth, heads, head_dim / 2) array),
-# LingBot-Vision. LayerScale is gamma_1 / gamma_2; the query and value biases are q_bias /
-# v_bias beside a fused qkv weight (the key has none), or the projections
-# are separate (q_proj, k_proj, v_proj: EVA-02 B/L and EVA-02 CLIP, the Eva
-# models with a norm inside the MLP, which is how a tree tells them apart).
+# LingBot-Vision. LayerScale is gamma_1 / gamma_2; the query and value
+# biases are q_bias / v_bias beside a fused qkv weight (the key has none),
+# or the projections are separate (q_proj, k_proj, v_proj: EVA-02 B/L and
+# EVA-02 CLIP, the Eva models with a norm inside the MLP, which is how a
+# tree tells them apart).
 _EVA_SPLIT = _any("MlpBlock_0/LayerNorm_0")
 _EVA_FUSED = _none("MlpBlock_0/LayerNorm_0")
 _QV_ONLY = _none("MultiHeadDotProductAttention_0/key/bias")
