@@ -146,8 +146,6 @@ def test_the_name_decides_the_rope_and_the_pooling():
     formats.from_timm(pe.state_dict())  # a norm before the blocks, no name
   # timm models of the same classes that vit_jax does not compute are
   # refused by name, saying what they are.
-  with pytest.raises(ValueError, match="RoPE-Mixed .* not supported"):
-    formats.from_timm(m.state_dict(), "vit_small_patch16_rope_mixed_224")
   with pytest.raises(ValueError, match="Sapiens2 .* not supported"):
     formats.from_timm(m.state_dict(), "vit_base_patch16_sapiens2")
   with pytest.raises(ValueError, match="'vit_small_patch14_dinov2' is not a "

@@ -302,7 +302,8 @@ STRUCTURES = ["vit_base_patch8_224", "aimv2_1b_patch14_224",
               "vit_giant_patch14_reg1_tipsv2", "vit_7b_patch16_dinov3",
               "vit_huge_patch16_radio_v4", "deit_base_distilled_patch16_224",
               "samvit_base_patch16", "beit_base_patch16_224",
-              "cait_xxs24_224", "vit_srelpos_small_patch16_224"]
+              "cait_xxs24_224", "vit_srelpos_small_patch16_224",
+              "vit_small_patch16_rope_mixed_224"]
 
 
 def test_the_name_check_reads_every_structure_as_the_records_say():

@@ -95,7 +95,9 @@ def test_computed_buffers_are_timms():
   """The meta-device build computes RoPE's buffers as timm's own build."""
   import torch  # pylint: disable=import-outside-toplevel
   for name in ("vit_small_patch16_dinov3", "eva02_tiny_patch14_224",
-               "vit_pe_core_tiny_patch16_384"):
+               "vit_pe_core_tiny_patch16_384",
+               "vit_medium_patch16_rope_reg1_gap_256",
+               "vit_small_patch16_rope_224"):
     m, _, kwargs = verify.random_timm(name, small=True)
     ref = timm.create_model(name, pretrained=False, **kwargs)
     own = dict(ref.named_buffers())
@@ -106,8 +108,7 @@ def test_computed_buffers_are_timms():
 # timm names of the families vit_jax maps that it refuses, and the feature
 # the refusal must name.
 REFUSED = {
-    "vit_base_patch16_rope_mixed_224": "RoPE-Mixed",
-    "vit_base_patch16_rope_reg1_gap_256": "timm's own RoPE ViTs (SBB)",
+    "naflexvit_base_patch16_parfac_gap": "factorized NaFlex position",
     "vit_small_resnet26d_224": "CNN backbone other than BiT",
     "samvit_base_patch16_224": "without its conv neck",
 }

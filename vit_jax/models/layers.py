@@ -610,7 +610,8 @@ class Encoder1DBlock(nn.Module):
   Returns ``(output, output)`` so the same module runs under ``nn.scan``.
   ``drop_path_rate`` is this block's stochastic-depth rate (a float, or a
   traced scalar under ``nn.scan``); ``rope``: the (sin, cos) rotary tables
-  of ``config.rope`` for the token grid, shared by every block; ``mask``
+  of ``config.rope`` for the token grid, shared by every block ('mixed':
+  this block's own, (T, heads, head_dim)); ``mask``
   (B, T) bool: the tokens attention may read (a NaFlex batch's padding is
   not). The norms are ``LayerNorm_0`` / ``LayerNorm_1`` whatever their
   kind (an RMSNorm has a ``scale`` and no ``bias``) or place.
@@ -830,7 +831,10 @@ class Encoder(nn.Module):
   ``abs_pos_embed=False``: no learned position embedding (DINOv3, whose
   positions are rotary only). ``rope``: the rotary embedding of the patch
   tokens (:mod:`vit_jax.models.rope`), built once per forward pass for the
-  input's grid and shared by the blocks. ``no_embed_registers``: the
+  input's grid and shared by the blocks ('mixed': one table per block from
+  the learned frequencies ``rope_freqs`` (2, depth, heads, head_dim / 2),
+  a parameter of the encoder as timm's ``rope.freqs``).
+  ``no_embed_registers``: the
   position embedding covers the class token but not the registers, which
   are inserted after it is added (transformers' Dinov2WithRegisters).
   ``naflex`` (a resize kind of :mod:`vit_jax.models.naflex`): the learned
@@ -877,10 +881,24 @@ class Encoder(nn.Module):
   drop_path_schedule: str = "linear"
 
   def _rope_tables(self, grid, num_prefix: int, hidden: int, train: bool):
+    """(sin, cos) for every block; 'mixed': each block's own, stacked
+    (depth, T, heads, head_dim), from the learned ``rope_freqs``."""
     if self.block.rope is None:
       return None
     augment = dict(self.rope_augment or ())
     use_aug = train and any(v is not None for v in augment.values())
+    if self.block.rope == "mixed":  # RoPE-Mixed: learned, per block
+      heads = self.block.num_heads
+      freqs = self.param(
+          "rope_freqs", rope_lib.mixed_init(self.rope_temperature),
+          (2, self.num_layers, heads, hidden // heads // 2),
+          self.block.param_dtype)
+      coords = rope_lib.positions(
+          grid, num_prefix_tokens=num_prefix,
+          indexing=self.rope_grid_indexing,
+          augment=augment if use_aug else None,
+          key=self.make_rng("dropout") if use_aug else None)
+      return rope_lib.mixed_sincos(coords, freqs)
     sin, cos = rope_lib.sincos(
         self.block.rope, grid, hidden // self.block.num_heads,
         num_prefix_tokens=num_prefix, temperature=self.rope_temperature,
@@ -978,10 +996,12 @@ class Encoder(nn.Module):
     if self.scan_layers:
       args = (jnp.asarray(rates, jnp.float32),)
       in_axes = (0,)
-      # The same for every layer: rope, mask, the shared position bias.
+      # The same for every layer: rope (but 'mixed''s, one per layer),
+      # mask, the shared position bias.
       if rope is not None or mask is not None or rel_pos is not None:
         args += (rope,)
-        in_axes += (nn.broadcast,)
+        in_axes += (0 if self.block.rope == "mixed" and rope is not None
+                    else nn.broadcast,)
       if mask is not None or rel_pos is not None:
         args += (mask,)
         in_axes += (nn.broadcast,)
@@ -1006,12 +1026,15 @@ class Encoder(nn.Module):
       for i in range(self.num_layers):
         block = block_cls(name=f"encoderblock_{i}", **kwargs, **(
             {} if spatial is None else {"spatial": spatial[i]}))
+        rope_i = rope
+        if self.block.rope == "mixed":  # this block's own tables
+          rope_i = (rope[0][i], rope[1][i])
         if rel_pos is not None:
-          x, _ = block(x, float(rates[i]), rope, mask, rel_pos)
+          x, _ = block(x, float(rates[i]), rope_i, mask, rel_pos)
         elif mask is None:
-          x, _ = block(x, float(rates[i]), rope)
+          x, _ = block(x, float(rates[i]), rope_i)
         else:
-          x, _ = block(x, float(rates[i]), rope, mask)
+          x, _ = block(x, float(rates[i]), rope_i, mask)
         block_outputs.append(x)
     if cls_apart is not None:
       x = self._class_attention(cls_apart, x)

@@ -1,7 +1,7 @@
 """2-D rotary position embeddings (RoPE) of the patch tokens, as timm's.
 
-Two variants, one function each, matching ``timm/layers/pos_embed_sincos.py``
-to float32 rounding:
+Three variants, matching ``timm/layers/pos_embed_sincos.py`` to float32
+rounding:
 
 * ``'dinov3'`` (``RotaryEmbeddingDinoV3``; DINOv3): patch centres
   ``(i + 0.5 + offset) / size`` per axis mapped to [-1, 1], angles
@@ -13,9 +13,18 @@ to float32 rounding:
   ``c / T ** (k / (head_dim / 4))`` (T = 1e4), the *interleaved* layout
   (dimensions ``2k`` and ``2k + 1`` pair up).
 
-Either way the first quarter-head of frequencies rotates by the first
-coordinate channel (y for ``indexing='ij'``, x for ``'xy'``) and the second
-by the other; patches are in row-major order. The prefix tokens (class
+* ``'mixed'`` (``RotaryEmbeddingMixed``; Naver's RoPE-Mixed, rope-vit):
+  learned frequencies, a (2, depth, heads, head_dim / 2) parameter (timm's
+  ``rope.freqs``): block ``l``'s head ``h`` rotates pair ``k`` by
+  ``c0 f[0, l, h, k] + c1 f[1, l, h, k]`` over integer positions ``c``
+  (no offset, no reference grid), interleaved; initialised as timm's
+  ``init_random_2d_freqs`` (magnitudes ``1 / T ** (4k / head_dim)``,
+  T = 10, turned by a random angle per block and head). The tables are
+  built from the parameter on every forward pass, one per block.
+
+For 'dinov3' and 'cat' the first quarter-head of frequencies rotates by
+the first coordinate channel (y for ``indexing='ij'``, x for ``'xy'``) and
+the second by the other; patches are in row-major order. The prefix tokens (class
 token, registers) are not rotated: their rows are the identity (cos 1,
 sin 0), which leaves them exactly as they are.
 
@@ -35,10 +44,10 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-KINDS = ("dinov3", "cat")
+KINDS = ("dinov3", "cat", "mixed")
 # The base of the frequencies when a model does not state it (timm's
-# defaults for the two variants).
-DEFAULT_TEMPERATURE = {"dinov3": 100.0, "cat": 10000.0}
+# defaults for the variants; 'mixed': of its initial frequencies).
+DEFAULT_TEMPERATURE = {"dinov3": 100.0, "cat": 10000.0, "mixed": 10.0}
 
 
 def _coords(kind: str, grid: Tuple[int, int], offset: float, indexing: str,
@@ -103,6 +112,9 @@ def sincos(kind: str, grid: Tuple[int, int], head_dim: int, *,
   The ``num_prefix_tokens`` leading rows are the identity (sin 0, cos 1).
   """
   check(kind, head_dim, indexing)
+  if kind == "mixed":
+    raise ValueError("rope='mixed': its tables come from its learned "
+                     "frequencies (positions() and mixed_sincos())")
   temperature = DEFAULT_TEMPERATURE[kind] if temperature is None else temperature
   coords = _coords(kind, tuple(grid), offset, indexing, ref_grid)
   freqs = _frequencies(kind, head_dim, temperature)
@@ -118,6 +130,59 @@ def sincos(kind: str, grid: Tuple[int, int], head_dim: int, *,
     sin = xp.concatenate([zeros, sin], axis=0)
     cos = xp.concatenate([zeros + 1, cos], axis=0)
   return sin, cos
+
+
+def positions(grid: Tuple[int, int], *, num_prefix_tokens: int = 0,
+              indexing: str = "ij", augment: Optional[dict] = None,
+              key=None):
+  """The token positions of ``'mixed'``: (prefix + gh * gw, 2) float32,
+  integer patch positions row-major (channel 0 y for ``'ij'``, x for
+  ``'xy'``; timm's ``get_mixed_grid``), the prefix rows zero (angle 0:
+  the identity). Train-time ``augment`` as :func:`sincos`."""
+  coords = _coords("cat", tuple(grid), 0.0, indexing, None)
+  xp = np
+  if augment and any(v is not None for v in augment.values()):
+    coords, xp = augment_coords(jnp.asarray(coords), key, **augment), jnp
+  if num_prefix_tokens:
+    coords = xp.concatenate(
+        [xp.zeros((num_prefix_tokens, 2), np.float32), coords], axis=0)
+  return coords
+
+
+def mixed_init(temperature: Optional[float] = None):
+  """The initializer of ``'mixed'``'s frequencies (2, depth, heads,
+  head_dim // 2), as timm's ``init_random_2d_freqs``: magnitudes
+  ``1 / T ** (4k / head_dim)``, each block's head turned by its own random
+  angle a, the x frequencies ``[m cos a, m cos(a + pi/2)]``, the y ones
+  ``[m sin a, m sin(a + pi/2)]``."""
+  t = DEFAULT_TEMPERATURE["mixed"] if temperature is None else temperature
+
+  def init(key, shape, dtype=jnp.float32):
+    _, depth, heads, half = shape
+    head_dim = 2 * half
+    mag = 1.0 / (jnp.float32(t) ** (
+        jnp.arange(0, head_dim, 4, dtype=jnp.float32) / head_dim))
+    angles = jax.random.uniform(key, (depth, heads, 1), jnp.float32,
+                                0.0, 2 * math.pi)
+    fx = jnp.concatenate([mag * jnp.cos(angles),
+                          mag * jnp.cos(angles + math.pi / 2)], axis=-1)
+    fy = jnp.concatenate([mag * jnp.sin(angles),
+                          mag * jnp.sin(angles + math.pi / 2)], axis=-1)
+    return jnp.stack([fx, fy], axis=0).astype(dtype)
+  return init
+
+
+def mixed_sincos(coords, freqs):
+  """``'mixed'``'s tables from the positions (T, 2) and the frequencies
+  (2, depth, heads, head_dim // 2): ``(sin, cos)``, each (depth, T, heads,
+  head_dim) float32, interleaved (timm's ``get_mixed_freqs``: the angle
+  ``c0 f0 + c1 f1`` in float32)."""
+  f = jnp.asarray(freqs, jnp.float32)
+  c = jnp.asarray(coords, jnp.float32)
+  ang = (c[None, :, 0, None, None] * f[0][:, None]
+         + c[None, :, 1, None, None] * f[1][:, None])  # (L, T, H, hd/2)
+  return (_layout(jnp.sin(ang), "mixed", jnp),
+          _layout(jnp.cos(ang), "mixed", jnp))
 
 
 def augment_coords(coords, key, shift: Optional[float] = None,
@@ -152,11 +217,13 @@ def rotate(x, kind: str):
 
 
 def apply(x, sin, cos, kind: str):
-  """Rotates ``x`` (B, T, heads, head_dim) by the (T, head_dim) tables:
-  ``x cos + rotate(x) sin`` in float32 (timm promotes to the tables'
-  float32), returned in x's dtype."""
+  """Rotates ``x`` (B, T, heads, head_dim) by the (T, head_dim) tables
+  (or ``'mixed'``'s per-head (T, heads, head_dim)): ``x cos + rotate(x)
+  sin`` in float32 (timm promotes to the tables' float32), returned in x's
+  dtype."""
   xf = x.astype(jnp.float32)
-  s, c = (jnp.asarray(t, jnp.float32)[None, :, None, :] for t in (sin, cos))
+  s, c = (jnp.asarray(t, jnp.float32) for t in (sin, cos))
+  s, c = ((t[None] if t.ndim == 3 else t[None, :, None, :]) for t in (s, c))
   return (xf * c + rotate(xf, kind) * s).astype(x.dtype)
 
 
@@ -164,7 +231,8 @@ def check(kind: str, head_dim: int, indexing: str = "ij") -> None:
   """Raises a clear error for an unknown variant or an unusable head."""
   if kind not in KINDS:
     raise ValueError(f"rope={kind!r}: expected None or one of {KINDS} "
-                     f"(DINOv3's, or EVA-02 / Perception Encoder's)")
+                     f"(DINOv3's, EVA-02 / Perception Encoder's, or "
+                     f"RoPE-Mixed's learned frequencies)")
   if head_dim % 4:
     raise ValueError(f"rope={kind!r} needs a head width divisible by 4 (two "
                      f"axes x sin/cos pairs), got {head_dim}")

@@ -205,12 +205,17 @@ class VisionTransformer(nn.Module):
       tokens too (timm's ``Eva`` feeds every token to its MAP head).
     map_heads, map_mlp_dim: the MAP head's heads and MLP width when they
       are not the encoder's (Perception Encoder: 8 heads).
-    rope: rotary position embeddings of the patch tokens: ``'dinov3'`` or
-      ``'cat'`` (EVA-02 / PE), with ``rope_temperature`` (default 100 /
-      1e4), ``rope_grid_offset``, ``rope_grid_indexing`` (``'ij'``: the
-      first frequencies rotate by y; ``'xy'``: by x) and ``rope_ref_grid``
-      (EVA's rescale of positions onto the pretraining grid); see
-      :mod:`vit_jax.models.rope`. Any input size works.
+    rope: rotary position embeddings of the patch tokens: ``'dinov3'``,
+      ``'cat'`` (EVA-02 / PE, timm's SBB and Naver's axial RoPE ViTs) or
+      ``'mixed'`` (Naver's RoPE-Mixed: learned frequencies, one set per
+      block and head, the parameter ``Transformer/rope_freqs`` (2, depth,
+      heads, head_dim / 2); ``rope_temperature`` only sets their initial
+      values), with ``rope_temperature`` (default 100 / 1e4 / 10),
+      ``rope_grid_offset``, ``rope_grid_indexing`` (``'ij'``: the first
+      frequencies rotate by y; ``'xy'``: by x) and ``rope_ref_grid`` (EVA's
+      rescale of positions onto the pretraining grid; neither these two
+      nor an offset for 'mixed', whose positions are the patch indices);
+      see :mod:`vit_jax.models.rope`. Any input size works.
     rope_shift, rope_jitter, rope_rescale: DINOv3's train-time coordinate
       augmentations (timm's ``rope_*_coords``; from the ``'dropout'`` rng).
     rel_pos_bias: a relative position bias added to the attention
@@ -410,6 +415,11 @@ class VisionTransformer(nn.Module):
     if self.rope is not None:
       rope_lib.check(self.rope, self.hidden_size // self.num_heads,
                      self.rope_grid_indexing)
+    if self.rope == "mixed" and (self.rope_grid_offset or
+                                 self.rope_ref_grid is not None):
+      raise ValueError("rope='mixed' rotates by the patch indices (timm's "
+                       "RotaryEmbeddingMixed): rope_grid_offset and "
+                       "rope_ref_grid do not apply")
     if self.rel_pos_mlp is not None and self.rel_pos_bias is None:
       raise ValueError(
           f"rel_pos_mlp={self.rel_pos_mlp!r}: the MLP gives a relative "

@@ -70,10 +70,11 @@ def _refuse_unknown(layout: mapping.Layout, sd, unmatched) -> None:
 _NAME_DECIDES = {
     "timm_eva": ("rope", layouts.NEEDS_A_NAME,
                  "is not a timm name of the Eva families vit_jax decodes "
-                 "(DINOv3, EVA-02, Perception Encoder, EVA-01), and these "
-                 "weights are an Eva model's (LayerScale gamma_1, q_bias / "
-                 "v_bias or separate q_proj), whose rotary position embedding "
-                 "(or its absence) the name must give."),
+                 "(DINOv3, EVA-02, Perception Encoder, EVA-01, timm's SBB "
+                 "and Naver's RoPE ViTs, LingBot-Vision), and these weights "
+                 "are an Eva model's (LayerScale gamma_1, q_bias / v_bias or "
+                 "separate q_proj), whose rotary position embedding (or its "
+                 "absence) the name must give."),
     "timm_sam": ("window_size", layouts.SAM_NEEDS_A_NAME,
                  "is not a timm name of SAM's image encoder (samvit_*), and "
                  "these weights are a VisionTransformerSAM's (a neck, "
@@ -156,6 +157,7 @@ _SHOWN = (
     ("a norm inside the MLP", lambda a: bool(a.get("mlp_norm"))),
     ("a learned position embedding", lambda a: bool(a.get("abs_pos_embed",
                                                            True))),
+    ("learned RoPE frequencies", lambda a: a.get("rope") == "mixed"),
     ("a NaFlex position grid", lambda a: a.get("naflex") is not None),
     ("a conv stem", lambda a: bool(a.get("conv_stem"))),
     ("relative position bias", lambda a: a.get("rel_pos_bias") or "none"),

@@ -69,6 +69,9 @@ def expected(model, image_size=None) -> dict:
   flat = {k: tuple(v.shape) for k, v in trees.flatten(tree).items()}
   if not one:
     return flat
+  freqs = "params/Transformer/rope_freqs"  # RoPE-Mixed's: one per layer
+  if freqs in flat:
+    flat[freqs] = flat[freqs][:1] + (model.num_layers,) + flat[freqs][2:]
   first = "/Transformer/encoderblock_0/"
   result, done = {}, False
   for k, shape in flat.items():

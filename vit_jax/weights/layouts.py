@@ -264,12 +264,14 @@ TIMM_NAFLEX = Layout("timm_naflex", rows=(
     ("embeds.norm_input", "a norm of the input patches"),
 ))
 
-# timm's Eva: DINOv3, EVA-02, Perception Encoder (and timm's RoPE ViTs),
-# EVA-01 (eva_giant_*: no RoPE).
-# LayerScale is gamma_1 / gamma_2; the query and value biases are q_bias /
-# v_bias beside a fused qkv weight (the key has none), or the projections
-# are separate (q_proj, k_proj, v_proj: EVA-02 B/L and EVA-02 CLIP, the Eva
-# models with a norm inside the MLP, which is how a tree tells them apart).
+# timm's Eva: DINOv3, EVA-02, Perception Encoder, EVA-01 (eva_giant_*: no
+# RoPE), timm's SBB RoPE ViTs, Naver's RoPE-ViT (RoPE-Mixed's learned
+# frequencies: rope.freqs, ours at the encoder, the same (2, depth, heads,
+# head_dim / 2) array), LingBot-Vision. LayerScale is gamma_1 / gamma_2;
+# the query and value biases are q_bias / v_bias beside a fused qkv weight
+# (the key has none), or the projections are separate (q_proj, k_proj,
+# v_proj: EVA-02 B/L and EVA-02 CLIP, the Eva models with a norm inside the
+# MLP, which is how a tree tells them apart).
 _EVA_SPLIT = _any("MlpBlock_0/LayerNorm_0")
 _EVA_FUSED = _none("MlpBlock_0/LayerNorm_0")
 _QV_ONLY = _none("MultiHeadDotProductAttention_0/key/bias")
@@ -279,6 +281,7 @@ TIMM_EVA = Layout("timm_eva", rows=(
     Row("reg_token", ("params/registers",)),
     Row("pos_embed", (POS,)),
     *conv("patch_embed.proj.", "params/embedding"),
+    Row("rope.freqs", ("params/Transformer/rope_freqs",)),
     *norm("norm_pre.", "params/Transformer/pre_norm"),
     Repeat((
         Row(_TM + "gamma_1", (E + "LayerScale_0/scale",)),
@@ -541,9 +544,11 @@ def timm_layout_of(flat) -> str:
   ``'timm_beit'`` for other relative position tables (Beit);
   ``'timm_sam'`` for SAM's neck or decomposed rel-pos tables
   (VisionTransformerSAM); ``'timm_eva'`` where only Eva can hold it (no
-  learned position embedding: DINOv3; a query bias without a key bias;
-  LayerScale with a norm before the blocks: PE), else ``'timm'``
-  (VisionTransformer)."""
+  learned position embedding: DINOv3; learned RoPE frequencies:
+  RoPE-Mixed; a query bias without a key bias; LayerScale with a norm
+  before the blocks: PE), else ``'timm'`` (VisionTransformer). A tree
+  both hold (Naver's axial ``*_rope_ape_224``: DeiT-III's tree) is
+  VisionTransformer's; :func:`timm_layout_for_name` says Eva's by name."""
   keys = list(flat)
   if POS_GRID in keys:
     return "timm_naflex"
@@ -556,7 +561,8 @@ def timm_layout_of(flat) -> str:
   if any(k.startswith("params/neck/") or k.endswith("/rel_pos_h")
          for k in keys):
     return "timm_sam"
-  if not any("posembed_input" in k for k in keys):
+  if (not any("posembed_input" in k for k in keys) or
+      "params/Transformer/rope_freqs" in keys):
     return "timm_eva"
   if (any(k.endswith("MultiHeadDotProductAttention_0/query/bias")
           and "encoderblock" in k for k in keys) and
@@ -1139,6 +1145,7 @@ _FAMILY_WIDTHS = (
     (r"^vit_pe_\w+_gigantic", 1536),
     (r"^aimv2_huge", 1536),
     (r"^vit_relpos_base_patch(16|32)_plus", 896),
+    (r"^vit_giant_patch16_lingbot", 1536),
 )
 # The resolution a name without one stands for (timm's pretrained configs).
 _FAMILY_SIZES = ((r"dinov2", 518), (r"_dinov3", 256), (r"_radio_v\d", 512),
@@ -1188,6 +1195,26 @@ TIMM_FAMILIES = (
                       layer_norm_eps=1e-5, classifier="gap")),
     (r"^vit_huge_plus_patch16_dinov3", dict(num_heads=20)),
     (r"^vit_7b_patch16_dinov3", dict(num_heads=32)),
+    # LingBot-Vision (timm's Eva): DINOv3's RoPE and LayerNorm, the class
+    # token pooled (timm's global_pool='token').
+    (r"_lingbot$", dict(rope="dinov3", rope_temperature=100.0,
+                        layer_norm_eps=1e-5, classifier="token")),
+    (r"^vit_giant_patch16_lingbot", dict(num_heads=24)),
+    # timm's SBB RoPE ViTs (Eva): EVA's RoPE (T 1e4) on a 16x16 reference
+    # grid, no learned position embedding, registers, the mean of the
+    # patches (fc_norm).
+    (r"_rope_reg\d+_gap_256$", dict(rope="cat", rope_temperature=10000.0,
+                                     rope_ref_grid=(16, 16),
+                                     classifier="gap")),
+    # Naver's RoPE-ViT (Eva, attn_type='rope'): axial RoPE, x first, T 100,
+    # the class token pooled; RoPE-Mixed: learned frequencies (T 10 their
+    # initial values); _ape_: a learned embedding of the patches only.
+    (r"_patch16_rope_(mixed_)?(ape_)?224$",
+     dict(rope="cat", rope_temperature=100.0, rope_grid_indexing="xy",
+          classifier="token")),
+    (r"_patch16_rope_mixed_(ape_)?224$", dict(rope="mixed",
+                                              rope_temperature=10.0)),
+    (r"_patch16_rope_(mixed_)?ape_224$", dict(no_embed_class=True)),
     # EVA-02: RoPE on a 16x16 reference grid beside a learned embedding.
     (r"^eva02_", dict(rope="cat", rope_temperature=10000.0,
                       rope_ref_grid=(16, 16), layer_norm_eps=1e-6,
@@ -1345,13 +1372,8 @@ def _parse_hybrid_name(base: str) -> Optional[Dict[str, Any]]:
 # timm models of the same classes that vit_jax does not compute (yet): the
 # name is refused, saying what it is, rather than loaded as a lookalike.
 TIMM_UNSUPPORTED = (
-    (r"_rope_mixed", "RoPE-Mixed (learned per-layer frequencies, Naver's "
-                     "rope-vit)"),
-    (r"_patch16_rope_(ape_)?224$", "Naver's rope-vit RoPE"),
-    (r"_rope_reg\d+_gap_256$", "timm's own RoPE ViTs (SBB)"),
     (r"_sapiens2$", "Sapiens2 (grouped-query attention, attention-only "
                     "LayerScale)"),
-    (r"_lingbot$", "LingBot-Vision"),
     (r"^vit_\w+_(resnet\d+d|mci)_", "a CNN backbone other than BiT's "
                                    "ResNetV2 stem (the R50+ViT hybrids "
                                    "vit_*_r50_* / _r26_* / vit_tiny_r_* "
@@ -1388,7 +1410,30 @@ def refuse_unsupported_timm(name: str, error=ValueError) -> None:
         f"v2 / BEiT-3, SAM's image encoder (samvit_*), CaiT (cait_*), "
         f"timm's relative-position ViTs (vit_relpos_*, vit_srelpos_*), "
         f"FlexiViT (flexivit_*), EVA-01 (eva_giant_*, eva_large_*), timm's "
-        f"test_vit / test_vit2 / test_vit3.")
+        f"test_vit / test_vit2 / test_vit3, "
+        f"timm's SBB RoPE ViTs (vit_*_rope_reg*_gap_256), Naver's RoPE-ViT "
+        f"(vit_*_patch16_rope[_mixed][_ape]_224), LingBot-Vision "
+        f"(vit_*_patch16_lingbot).")
+
+
+# timm names whose weights load into another timm class than their tree
+# alone says (the tree is also another class's): Naver's axial RoPE ViTs
+# with a learned position embedding have DeiT-III's tree (class token,
+# position rows of the patches only, LayerScale, q/k/v biases) and are Eva.
+TIMM_CLASS_BY_NAME = (
+    (r"_patch16_rope_ape_224$", "timm_eva"),
+)
+
+
+def timm_layout_for_name(name: str) -> Optional[str]:
+  """The timm layout (class) of timm's model ``name`` where its tree does
+  not show it (:data:`TIMM_CLASS_BY_NAME`), else None: the tree's
+  (:func:`timm_layout_of`)."""
+  base = str(name).split(".", 1)[0]
+  for pattern, layout in TIMM_CLASS_BY_NAME:
+    if re.search(pattern, base):
+      return layout
+  return None
 
 
 SAM_NEEDS_A_NAME = (
@@ -1408,12 +1453,13 @@ NAFLEX_NEEDS_A_NAME = (
 # weights without the name would silently drop the rotary embedding.
 NEEDS_A_NAME = (
     "These are the weights of a timm Eva model (DINOv3, EVA-02, Perception "
-    "Encoder, EVA-01: LayerScale gamma_1, q_bias / v_bias or separate "
-    "q_proj), whose rotary position embedding is not stored in the weights "
-    "(nor that it has none: EVA-01). Pass the timm name, e.g. "
-    "'vit_small_patch16_dinov3', 'eva02_tiny_patch14_224', "
-    "'vit_pe_core_tiny_patch16_384' or 'eva_giant_patch14_224' (in the "
-    "CLIs: --model).")
+    "Encoder, EVA-01, timm's SBB and Naver's RoPE ViTs, LingBot-Vision: "
+    "LayerScale gamma_1, q_bias / v_bias or separate q_proj), whose rotary "
+    "position embedding is not stored in the weights (nor that it has none: "
+    "EVA-01). Pass the timm name, e.g. 'vit_small_patch16_dinov3', "
+    "'eva02_tiny_patch14_224', 'vit_pe_core_tiny_patch16_384', "
+    "'eva_giant_patch14_224', 'vit_medium_patch16_rope_reg1_gap_256' or "
+    "'vit_small_patch16_rope_mixed_224' (in the CLIs: --model).")
 
 
 def beit_pooling(keys) -> str:

@@ -189,6 +189,8 @@ def arch_of(variables, *, conv_stem=None, patch_size=None,
       attn_norm="inner_norm" in attn, gated_mlp=gated,
       mlp_norm="LayerNorm_0" in mlp_block, distilled="dist" in p,
       abs_pos_embed="posembed_input" in tr,
+      # RoPE-Mixed's learned frequencies (other RoPE: only a name says).
+      **({"rope": "mixed"} if "rope_freqs" in tr else {}),
       rel_pos_bias=("shared" if "rel_pos_bias" in tr else
                     "block" if "rel_pos_bias" in attn else None),
       talking_heads="proj_l" in attn,

@@ -7,8 +7,9 @@ is the class the tree belongs to: ``VisionTransformer`` (classic ViTs,
 DeiT-III, DINOv2 incl. its giant's packed SwiGLU, CLIP, SigLIP, AIMv2,
 RADIO; the R50+ViT hybrids with a ``HybridEmbed``),
 ``VisionTransformerDistilled`` (DeiT with a distillation token),
-``Eva`` (DINOv3, EVA-02, Perception Encoder, EVA-01's giants), ``Beit``
-(a relative position bias: BEiT, BEiT v2), ``VisionTransformerRelPos`` (a
+``Eva`` (DINOv3, EVA-02, Perception Encoder, EVA-01's giants, timm's SBB
+and Naver's RoPE ViTs incl. RoPE-Mixed, LingBot-Vision), ``Beit`` (a
+relative position bias: BEiT, BEiT v2), ``VisionTransformerRelPos`` (a
 relative position MLP, or a table without a class token: ``vit_relpos_*``),
 ``VisionTransformerSAM`` (Segment Anything's image encoder) or ``Cait``
 (class attention, talking heads).
@@ -23,6 +24,7 @@ import functools
 from typing import Optional
 
 from vit_jax import models
+from vit_jax.models import rope as rope_lib
 from vit_jax.weights import build, files, layouts, saving, trees
 
 
@@ -121,7 +123,10 @@ def timm_model(model, variables, image_size=None):
     net = _eva(model, image_size)
   else:
     net = _vit(model, image_size, distilled=kind == "distilled")
-  sd = saving.to_state_dict(variables, "timm")
+  # Eva's names whatever else could hold the tree (a RoPE model's tree
+  # may be DeiT-III's: Naver's *_rope_ape_224).
+  sd = saving.to_state_dict(variables, "timm_eva" if kind == "eva"
+                            else "timm")
   if model.resnet is not None and not model.resnet.std_eps_in_sqrt:
     sd = _as_timm_standardisation(sd, model.resnet.std_eps)
   net.load_state_dict(saving.to_torch(sd), strict=True)
@@ -265,7 +270,7 @@ def _eva(model, image_size):
   if m.rope is not None:
     kw.update(rope_type=m.rope, rope_rotate_half=m.rope == "dinov3",
               rope_temperature=m.rope_temperature or (
-                  100.0 if m.rope == "dinov3" else 10000.0),
+                  rope_lib.DEFAULT_TEMPERATURE[m.rope]),
               rope_grid_offset=m.rope_grid_offset,
               rope_grid_indexing=m.rope_grid_indexing,
               ref_feat_shape=m.rope_ref_grid)

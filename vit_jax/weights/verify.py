@@ -416,7 +416,7 @@ def verify_timm(name: str, *, depth: Optional[int] = 2, small: bool = False,
 def _verify(name, depth, small, rel, batch, weights, load) -> Verified:
   import jax  # pylint: disable=import-outside-toplevel
   import torch  # pylint: disable=import-outside-toplevel
-  from vit_jax.weights import saving  # pylint: disable=import-outside-toplevel
+  from vit_jax.weights import layouts, saving  # pylint: disable=import-outside-toplevel
 
   clock = _Clock()
   try:
@@ -447,7 +447,8 @@ def _verify(name, depth, small, rel, batch, weights, load) -> Verified:
         f"> {rel:g} (shapes {got.shape}, {ref.shape}; timm {kwargs}, "
         f"input {size or 'NaFlex patches'})"))
   try:
-    back = saving.to_torch(saving.to_state_dict(variables, "timm"))
+    back = saving.to_torch(saving.to_state_dict(
+        variables, layouts.timm_layout_for_name(name) or "timm"))
     m.load_state_dict(back, strict=True, assign=True)
   except Exception as e:  # pylint: disable=broad-except
     raise NotVerified(name, "to_timm (strict load)",
