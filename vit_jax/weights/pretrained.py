@@ -180,7 +180,7 @@ def list_names(pattern: str = "*", pretrained: bool = False,
 # --------------------------------------------------------------------------- #
 
 FAMILY_PATTERNS = ("vit_*", "deit*", "eva02_*", "aimv2_*", "naflexvit_*",
-                   "beit*", "samvit_*", "cait_*")
+                   "beit*", "samvit_*", "cait_*", "vitamin_*")
 
 
 def _timm_architectures(patterns: Sequence[str] = FAMILY_PATTERNS,
