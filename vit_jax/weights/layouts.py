@@ -237,7 +237,7 @@ TIMM = Layout("timm", rows=(
     (".lambda_", "differential attention"),
     ("patch_embed.backbone.", "a CNN backbone other than BiT's ResNetV2 stem "
      "(timm's vit_*_resnet*d_* and vit_base_mci_*; the R50+ViT hybrids "
-     "vit_*_r50_* / _r26_* / vit_tiny_r_* load)"),
+     "vit_*_r50_* / _r26_* / vit_tiny_r_* and ViTamin's vitamin_* load)"),
     ("attn_pool.pos_embed", "a position embedding in the attention pool"),
     (".attn.gate.", "gated attention"),
 ))
@@ -1410,7 +1410,7 @@ TIMM_UNSUPPORTED = (
     (r"^vit_\w+_(resnet\d+d|mci)_", "a CNN backbone other than BiT's "
                                    "ResNetV2 stem (the R50+ViT hybrids "
                                    "vit_*_r50_* / _r26_* / vit_tiny_r_* "
-                                   "load)"),
+                                   "and ViTamin's vitamin_* load)"),
     (r"^naflexvit_.*_parfac_", "a factorized NaFlex position embedding "
                                "(timm's pos_embed='factorized')"),
     (r"^samvit_base_patch16_224$", "SAM's ViT without its conv neck (a "
