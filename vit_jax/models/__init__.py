@@ -11,6 +11,7 @@ norms, position embeddings, the encoder), :mod:`~vit_jax.models.kernels`
 (PyTorch's resizing as matrices), :mod:`~vit_jax.models.naflex` (NaFlex
 inputs: the per-image resize of the position grid, the padding masks),
 :mod:`~vit_jax.models.resnet` (the hybrids' ResNet stem),
+:mod:`~vit_jax.models.mbconv` (ViTamin's convolutional stem),
 :mod:`~vit_jax.models.relpos` (relative position biases: BEiT's
 table, timm's relpos family's table or MLP),
 :mod:`~vit_jax.models.sam` (SAM's windows, decomposed relative positions
@@ -24,6 +25,7 @@ from vit_jax.models.layers import (  # noqa: F401  (building blocks)
     LN_EPS, AddPositionEmbs, BlockConfig, ClassAttentionBlock, Encoder,
     Encoder1DBlock, LayerNorm, MAPHead, MlpBlock, MultiHeadDotProductAttention,
     PatchEmbed, activation)
+from vit_jax.models.mbconv import MbConvConfig  # noqa: F401
 from vit_jax.models.resnet import ResNetConfig  # noqa: F401
 from vit_jax.models.variants import (  # noqa: F401
     ARCH_FIELDS, FIELDS, OPTION_FIELDS, SIZES, VARIANTS, Variant, arch_record,
@@ -34,7 +36,7 @@ from vit_jax.models.vit import (  # noqa: F401
 
 __all__ = [
     "ARCH_FIELDS", "FIELDS", "OPTION_FIELDS", "SIZES", "VARIANTS", "Variant",
-    "ConvStemConfig", "ResNetConfig", "VisionTransformer", "arch_record",
+    "ConvStemConfig", "MbConvConfig", "ResNetConfig", "VisionTransformer", "arch_record",
     "count_params",
     "decode_variant", "feature_take_indices", "from_record", "get_model",
     "init_params",

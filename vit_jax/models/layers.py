@@ -179,6 +179,7 @@ class BlockConfig:
   norm_type: str = "layer"
   gated_mlp: Optional[str] = None
   mlp_norm: bool = False
+  mlp_input_norm: bool = False
   post_norm: bool = False
   rope: Optional[str] = None
   rel_pos_bias: Optional[str] = None  # BEiT's / timm's relpos bias
@@ -528,7 +529,9 @@ class MlpBlock(nn.Module):
   ``GluMlp`` / ``SwiGLUPacked``, DINOv2 giant, EVA-02 Ti/S); ``'split'``:
   ``Gate_0`` and ``Dense_0`` (timm's ``SwiGLU`` ``fc1_g`` / ``fc1_x``:
   DINOv3 S+/H+/7B, EVA-02 B/L, AIMv2). ``mlp_norm``: a norm over the hidden
-  layer before ``Dense_1`` (``LayerNorm_0``; EVA-02 B/L).
+  layer before ``Dense_1`` (``LayerNorm_0``; EVA-02 B/L);
+  ``mlp_input_norm``: a norm over its input (``InputNorm``; ViTamin's
+  ``GeGluMlp``, a split GELU-gated MLP).
   ``proj_bias=False``: no biases (AIMv2).
   """
 
@@ -539,6 +542,8 @@ class MlpBlock(nn.Module):
   def __call__(self, x):
     cfg = self.config
     d, width = x.shape[-1], cfg.mlp_dim
+    if cfg.mlp_input_norm:
+      x = cfg.norm()(name="InputNorm")(x)
     x = x.astype(cfg.dtype)
     # In bf16/f16 the activation runs in float32 (exact-erf GELU and its
     # gradient are less accurate in bf16, and slower on CPU). On the CPU

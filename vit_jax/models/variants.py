@@ -19,6 +19,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from vit_jax.models import mbconv as mbconv_lib
 from vit_jax.models import resnet as resnet_lib
 from vit_jax.models.vit import ConvStemConfig, VisionTransformer, pair
 
@@ -138,6 +139,8 @@ def get_model(name_or_arch: Union[str, Variant, Mapping[str, Any]],
         for c in kwargs["conv_stem"])
   if kwargs.get("resnet") is not None:  # a record (JSON) or stage depths
     kwargs["resnet"] = resnet_lib.as_config(kwargs["resnet"])
+  if kwargs.get("mbconv") is not None:  # a record (JSON)
+    kwargs["mbconv"] = mbconv_lib.as_config(kwargs["mbconv"])
   for key in ("rope_ref_grid", "image_size", "naflex_grid",  # JSON: lists
               "global_attn_indexes"):
     if isinstance(kwargs.get(key), list):
@@ -171,8 +174,8 @@ def from_record(name: str, fields: Mapping[str, Any],
 
 def variant_name(arch: Mapping[str, Any]) -> Optional[str]:
   """Our name (``vit_b_16``) for an architecture of a standard size
-  (None for a hybrid: a ResNet stem is no variant of ours)."""
-  if arch.get("resnet") is not None:
+  (None for a hybrid: a ResNet or ViTamin stem is no variant of ours)."""
+  if arch.get("resnet") is not None or arch.get("mbconv") is not None:
     return None
   for size, (w, depth, heads, mlp) in SIZES.items():
     if (arch.get("hidden_size"), arch.get("num_layers"), arch.get("num_heads"),
@@ -213,6 +216,8 @@ def arch_record(model) -> dict:
         c, ConvStemConfig) else list(c) for c in arch["conv_stem"]]
   if arch.get("resnet") is not None:
     arch["resnet"] = resnet_lib.as_config(arch["resnet"]).record()
+  if arch.get("mbconv") is not None:
+    arch["mbconv"] = mbconv_lib.as_config(arch["mbconv"]).record()
   for key in ("rope_ref_grid", "naflex_grid", "global_attn_indexes"):
     if arch.get(key) is not None:
       arch[key] = list(arch[key])

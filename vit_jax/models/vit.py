@@ -63,6 +63,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from vit_jax.models import cait as cait_lib
+from vit_jax.models import mbconv as mbconv_lib
 from vit_jax.models import naflex as naflex_lib, resnet as resnet_lib
 from vit_jax.models import relpos, rope as rope_lib, sam as sam_lib
 from vit_jax.models.layers import (  # noqa: F401  (re-exported building blocks)
@@ -155,6 +156,14 @@ class VisionTransformer(nn.Module):
       Parameters ``conv_root``, ``gn_root``, ``block{s}/unit{u}/...`` at
       the top of the tree, as Google's ``models_vit.VisionTransformer(
       resnet=...)`` has them (see :mod:`vit_jax.models.resnet`).
+    mbconv: ViTamin's convolutional stem (timm's ``vitamin_*``:
+      :class:`~vit_jax.models.mbconv.MbConvConfig`, the stem width and its
+      two stages' widths and depths) in place of the patch embedding: a
+      conv stem, two stages of inverted bottlenecks with channel
+      LayerNorms, and a strided 3x3 convolution to ``hidden_size`` (timm's
+      ``HybridEmbed`` without a projection); ``patch_size`` must be its
+      reduction, 16. Parameters under ``mbconv_stem`` (no ``embedding``; see
+      :mod:`vit_jax.models.mbconv`).
     scan_layers: run the blocks with ``nn.scan`` (stacked parameters:
       compile time independent of depth).
     remat_policy: rematerialise each block in the backward pass (``'full'``,
@@ -198,6 +207,9 @@ class VisionTransformer(nn.Module):
       ``act='silu'``) whose hidden width is ``mlp_dim``; see
       :class:`~vit_jax.models.layers.MlpBlock`.
     mlp_norm: a norm over the MLP's hidden layer (EVA-02 B/L).
+    mlp_input_norm: a norm over the MLP's input, after the block's own
+      (ViTamin's ``GeGluMlp``: with ``gated_mlp='split'`` and
+      ``act='gelu'``): ``MlpBlock_0/InputNorm``.
     post_norm: the blocks' norms close their residual branches instead of
       opening them, x + LN(attn(x)); x + LN(mlp(x)) (timm's
       ``ResPostBlock``: ``vit_base_patch16_rpn_224``); the same parameters.
@@ -328,6 +340,7 @@ class VisionTransformer(nn.Module):
   param_dtype: Dtype = jnp.float32
   conv_stem: Optional[Sequence[ConvStemConfig]] = None
   resnet: Optional[resnet_lib.ResNetConfig] = None
+  mbconv: Optional[mbconv_lib.MbConvConfig] = None
   scan_layers: bool = False
   remat_policy: Optional[str] = None
   sow_attention_weights: bool = False
@@ -348,6 +361,7 @@ class VisionTransformer(nn.Module):
   attn_norm: bool = False
   gated_mlp: Optional[str] = None
   mlp_norm: bool = False
+  mlp_input_norm: bool = False
   post_norm: bool = False
   pool_include_prefix: bool = False
   map_heads: Optional[int] = None
@@ -450,6 +464,8 @@ class VisionTransformer(nn.Module):
                          "abs_pos_embed=True)")
     if self.resnet is not None:
       self._check_resnet()
+    if self.mbconv is not None:
+      self._check_mbconv()
     sam_lib.check(self)
     cait_lib.check(self)
     if self.conv_stem:
@@ -476,6 +492,18 @@ class VisionTransformer(nn.Module):
           f"resnet: the stem reduces by {stride}, which does not divide "
           f"patch_size={self.patch_size} (the pixels per token: the stem's "
           f"reduction times the patch embedding's kernel)")
+
+  def _check_mbconv(self):
+    mbconv_lib.check(self.mbconv, self.patch_size)
+    clash = [k for k, on in (("conv_stem", self.conv_stem),
+                             ("resnet", self.resnet is not None),
+                             ("naflex", self.naflex is not None),
+                             ("dynamic_img_pad", self.dynamic_img_pad),
+                             ("patch_bias=False", not self.patch_bias))
+             if on]
+    if clash:
+      raise ValueError(f"mbconv: ViTamin's stem cannot be combined with "
+                       f"{', '.join(clash)}")
 
   def _check_images(self, images):
     shape = tuple(getattr(images, "shape", ()))
@@ -542,10 +570,14 @@ class VisionTransformer(nn.Module):
       kernel = (self.patch_size // self.resnet.stride,) * 2
     else:
       kernel = (self.patch_size, self.patch_size)
-    # The patchify convolution (1x1 after a stem), as one GEMM.
-    self.embedding = PatchEmbed(
-        self.hidden_size, kernel[0], use_bias=self.patch_bias,
-        dtype=self.dtype, param_dtype=self.param_dtype)
+    if self.mbconv is not None:  # ViTamin: the stem ends at the width
+      self.mbconv_stem = mbconv_lib.MbConvStem(
+          config=self.mbconv, features=self.hidden_size, dtype=self.dtype,
+          param_dtype=self.param_dtype)
+    else:  # the patchify convolution (1x1 after a stem), as one GEMM
+      self.embedding = PatchEmbed(
+          self.hidden_size, kernel[0], use_bias=self.patch_bias,
+          dtype=self.dtype, param_dtype=self.param_dtype)
     if self.patch_norm:  # AIMv2: a norm of the patch embeddings
       self.embedding_norm = norm(name="embedding_norm")
     d = self.hidden_size
@@ -676,7 +708,10 @@ class VisionTransformer(nn.Module):
         x = nn.relu(bn(conv(x), use_running_average=not train))
     if self.resnet is not None:
       x = self.resnet_stem(x)
-    x = self.embedding(x)
+    if self.mbconv is not None:
+      x = self.mbconv_stem(x)
+    else:
+      x = self.embedding(x)
     if self.patch_norm:
       x = self.embedding_norm(x)
     self.sow("intermediates", "stem", x)

@@ -33,9 +33,11 @@ _SIZE_FIELDS = ("hidden_size", "num_layers", "num_heads", "mlp_dim",
 
 
 def _width(layout: mapping.Layout, sd: Mapping[str, np.ndarray]) -> int:
-  """The model width, from the patch-embedding weight."""
+  """The model width, from the patch-embedding weight (ViTamin's: its
+  stem's last convolution)."""
   for row in layout.flat_rows():
-    if row.ours == ("params/embedding/kernel",):
+    if row.ours in (("params/embedding/kernel",),
+                    (layouts.MBCONV + "pool_proj/kernel",)):
       w = sd.get(row.theirs)
       # A conv's (D, C, P, P), or a Linear over pre-cut patches (D, P*P*C).
       if w is not None and np.ndim(w) == (2 if row.op.name == "linear_patch"
@@ -160,6 +162,8 @@ _SHOWN = (
     ("learned RoPE frequencies", lambda a: a.get("rope") == "mixed"),
     ("a NaFlex position grid", lambda a: a.get("naflex") is not None),
     ("a conv stem", lambda a: bool(a.get("conv_stem"))),
+    ("a ViTamin stem", lambda a: a.get("mbconv") is not None),
+    ("a norm of the MLP's input", lambda a: bool(a.get("mlp_input_norm"))),
     ("relative position bias", lambda a: a.get("rel_pos_bias") or "none"),
     ("a relative position MLP", lambda a: a.get("rel_pos_mlp") or "none"),
     ("decomposed relative positions", lambda a: bool(a.get("rel_pos"))),

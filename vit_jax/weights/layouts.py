@@ -237,10 +237,72 @@ TIMM = Layout("timm", rows=(
     (".lambda_", "differential attention"),
     ("patch_embed.backbone.", "a CNN backbone other than BiT's ResNetV2 stem "
      "(timm's vit_*_resnet*d_* and vit_base_mci_*; the R50+ViT hybrids "
-     "vit_*_r50_* / _r26_* / vit_tiny_r_* load)"),
+     "vit_*_r50_* / _r26_* / vit_tiny_r_* and ViTamin's vitamin_* load)"),
     ("attn_pool.pos_embed", "a position embedding in the attention pool"),
     (".attn.gate.", "gated attention"),
 ))
+
+# timm's ViTamin (vitamin_*): VisionTransformer with a HybridEmbed without a
+# projection around MbConvStages (our mbconv_stem: timm's Stem, two stages
+# of MbConvLNBlock, the StridedConv 'pool' to the width) and GeGluMlp (a
+# LayerNorm of the MLP's input, then GELU(w0) * w1 and w2: our split gated
+# MLP with mlp_input_norm). timm's own names both ways; its 'mlp.norm' is
+# the input's norm here (the hidden layer's in VisionTransformer's other
+# MLPs): a layout of its own.
+_VB = "patch_embed.backbone."
+_VB_BLOCK = _VB + "stages.{s}.{u}."
+MBCONV = "params/mbconv_stem/"
+_MB_BLOCK = MBCONV + "stage{s}_block{u}/"
+
+_TIMM_MBCONV = (
+    *conv(_VB + "stem.conv1.", MBCONV + "stem_conv1"),
+    *norm(_VB + "stem.norm1.", MBCONV + "stem_norm1"),
+    *conv(_VB + "stem.conv2.", MBCONV + "stem_conv2"),
+    Repeat((
+        *conv(_VB_BLOCK + "shortcut.expand.", _MB_BLOCK + "shortcut"),
+        *norm(_VB_BLOCK + "pre_norm.", _MB_BLOCK + "pre_norm"),
+        *conv(_VB_BLOCK + "conv1_1x1.", _MB_BLOCK + "conv1"),
+        *conv(_VB_BLOCK + "conv2_kxk.", _MB_BLOCK + "conv2"),
+        *conv(_VB_BLOCK + "conv3_1x1.", _MB_BLOCK + "conv3"),
+    )),
+    *conv(_VB + "pool.proj.", MBCONV + "pool_proj"),
+    *norm(_VB + "pool.norm.", MBCONV + "pool_norm"),
+)
+
+TIMM_VITAMIN = Layout("timm_vitamin", rows=(
+    Row("cls_token", ("params/cls",)),
+    Row("reg_token", ("params/registers",)),
+    Row("pos_embed", (POS,)),
+    *_TIMM_MBCONV,
+    *norm("norm_pre.", "params/Transformer/pre_norm"),
+    Repeat((
+        *norm(_TM + "norm1.", E + "LayerNorm_0"),
+        *fused_qkv(_TM + "attn.qkv.weight", _TM + "attn.qkv.bias", ATTN),
+        *norm(_TM + "attn.q_norm.", ATTN + "/query_ln"),
+        *norm(_TM + "attn.k_norm.", ATTN + "/key_ln"),
+        *norm(_TM + "attn.norm.", ATTN + "/inner_norm"),
+        *out_proj(_TM + "attn.proj.", ATTN),
+        Row(_TM + "ls1.gamma", (E + "LayerScale_0/scale",)),
+        *norm(_TM + "norm2.", E + "LayerNorm_1"),
+        *norm(_TM + "mlp.norm.", E + "MlpBlock_0/InputNorm"),
+        *dense(_TM + "mlp.w0.", GATE),
+        *dense(_TM + "mlp.w1.", E + "MlpBlock_0/Dense_0"),
+        *dense(_TM + "mlp.w2.", E + "MlpBlock_0/Dense_1"),
+        Row(_TM + "ls2.gamma", (E + "LayerScale_1/scale",)),
+    )),
+    *norm("norm.", "params/Transformer/encoder_norm"),
+    *norm("fc_norm.", "params/fc_norm"),
+    *_TIMM_POOL,
+    *dense("head.", "params/head"),
+), aliases=((r"^module\.", ""),), resample="timm")
+
+
+def is_vitamin_tree(flat) -> bool:
+  """Whether a tree of ours is timm's ViTamin's (its stem, or GeGluMlp's
+  norm of the MLP's input)."""
+  return any(k.startswith(MBCONV) or "/MlpBlock_0/InputNorm/" in k
+             for k in flat)
+
 
 # timm's NaFlexVit (SigLIP 2 NaFlex, C-RADIO's naflexvit_*, timm's own
 # NaFlex ViTs): VisionTransformer's blocks and heads; the embedding module
@@ -514,12 +576,17 @@ def timm_layout(keys) -> str:
   Cait's class-attention blocks or talking heads; ``'timm_relpos'`` for
   VisionTransformerRelPos's ``rel_pos`` / ``shared_rel_pos``;
   ``'timm_beit'`` for BEiT's relative position tables; ``'timm_sam'`` for
-  VisionTransformerSAM's neck or rel-pos tables; ``'timm_eva'`` for keys
-  only timm's Eva has (LayerScale ``gamma_1``, ``q_bias`` / ``v_bias``,
-  separate ``q_proj``); else ``'timm'``."""
+  VisionTransformerSAM's neck or rel-pos tables; ``'timm_vitamin'`` for
+  ViTamin's stem (``patch_embed.backbone.stem.conv1``) or ``GeGluMlp``
+  (``mlp.w0``); ``'timm_eva'`` for keys only timm's Eva has (LayerScale
+  ``gamma_1``, ``q_bias`` / ``v_bias``, separate ``q_proj``); else
+  ``'timm'``."""
   keys = list(keys)
   if any(k.startswith("embeds.") for k in keys):
     return "timm_naflex"
+  if any(k.startswith(_VB + "stem.conv1.") or
+         re.match(r"^blocks\.\d+\.mlp\.w0\.", k) for k in keys):
+    return "timm_vitamin"
   cait = re.compile(r"^(blocks_token_only\.|blocks\.\d+\.attn\.proj_[lw]\.)")
   if any(cait.match(k) for k in keys):
     return "timm_cait"
@@ -543,12 +610,14 @@ def timm_layout_of(flat) -> str:
   only VisionTransformerRelPos holds (:func:`is_relpos_tree`);
   ``'timm_beit'`` for other relative position tables (Beit);
   ``'timm_sam'`` for SAM's neck or decomposed rel-pos tables
-  (VisionTransformerSAM); ``'timm_eva'`` where only Eva can hold it (no
-  learned position embedding: DINOv3; learned RoPE frequencies:
-  RoPE-Mixed; a query bias without a key bias; LayerScale with a norm
-  before the blocks: PE), else ``'timm'`` (VisionTransformer). A tree
-  both hold (Naver's axial ``*_rope_ape_224``: DeiT-III's tree) is
-  VisionTransformer's; :func:`timm_layout_for_name` says Eva's by name."""
+  (VisionTransformerSAM); ``'timm_vitamin'`` for ViTamin's stem or MLP
+  input norm (:func:`is_vitamin_tree`); ``'timm_eva'`` where only Eva can
+  hold it (no learned position embedding: DINOv3; learned RoPE
+  frequencies: RoPE-Mixed; a query bias without a key bias; LayerScale
+  with a norm before the blocks: PE), else ``'timm'``
+  (VisionTransformer). A tree both hold (Naver's axial ``*_rope_ape_224``:
+  DeiT-III's tree) is VisionTransformer's; :func:`timm_layout_for_name`
+  says Eva's by name."""
   keys = list(flat)
   if POS_GRID in keys:
     return "timm_naflex"
@@ -561,6 +630,8 @@ def timm_layout_of(flat) -> str:
   if any(k.startswith("params/neck/") or k.endswith("/rel_pos_h")
          for k in keys):
     return "timm_sam"
+  if is_vitamin_tree(keys):
+    return "timm_vitamin"
   if (not any("posembed_input" in k for k in keys) or
       "params/Transformer/rope_freqs" in keys):
     return "timm_eva"
@@ -944,7 +1015,7 @@ TRANSFORMERS_SAM = Layout("transformers_sam", rows=(
 
 LAYOUTS = {layout.name: layout for layout in (
     TORCHVISION, TIMM, TIMM_EVA, TIMM_BEIT, TIMM_NAFLEX, TIMM_SAM,
-    TIMM_RELPOS, TIMM_CAIT, TRANSFORMERS_VIT, TRANSFORMERS_VIT_MAE,
+    TIMM_RELPOS, TIMM_CAIT, TIMM_VITAMIN, TRANSFORMERS_VIT, TRANSFORMERS_VIT_MAE,
     TRANSFORMERS_IJEPA,
     TRANSFORMERS_DINOV2, TRANSFORMERS_DINOV2_REG, TRANSFORMERS_DINOV3,
     TRANSFORMERS_CLIP, TRANSFORMERS_SIGLIP, TRANSFORMERS_SIGLIP2,
@@ -978,8 +1049,9 @@ def transformers_layout_of(arch: Mapping[str, Any]) -> str:
   NaFlex tower for a NaFlex model; BEiT's for a relative position bias;
   SAM's (SamVisionModel) for its neck, windows or relative positions;
   I-JEPA's (IJepaModel) for the mean of the patches without a class token.
-  CaiT (talking heads, class attention) and timm's relpos family (a bias
-  from an MLP, or without a class token) have no transformers model. An
+  CaiT (talking heads, class attention), timm's relpos family (a bias
+  from an MLP, or without a class token) and ViTamin have no transformers
+  model. An
   MAE encoder's tree is a ViTModel's without a pooler, whose state dict
   ViTMAEModel loads as it is ('transformers_vit_mae' names the same keys)."""
   if arch.get("class_attn_layers") or arch.get("talking_heads"):
@@ -992,6 +1064,10 @@ def transformers_layout_of(arch: Mapping[str, Any]) -> str:
                      "MLP, nor one without a class token (timm's "
                      "vit_relpos_*): export it with to_timm (timm's "
                      "VisionTransformerRelPos) or in our own layout.")
+  if arch.get("mbconv") is not None or arch.get("mlp_input_norm"):
+    raise ValueError("transformers has no ViTamin (its convolutional stem, "
+                     "the norm of the MLP's input): export it with to_timm "
+                     "(timm's vitamin_*) or in our own layout.")
   if arch.get("rel_pos_bias"):
     return "transformers_beit"
   if arch.get("naflex"):
@@ -1128,6 +1204,11 @@ _TIMM_NAME = re.compile(
 _TIMM_HYBRID_NAME = re.compile(
     r"^vit_(?P<size>tiny|small|base|large)_r(?P<resnet>\d*)_s(?P<stride>\d+)"
     r"(?:_p(?P<patch>\d+))?_(?P<res>\d+)$")
+# ViTamin: vitamin_{size}_{res} (16 pixels a token: its stem's reduction).
+_TIMM_VITAMIN_NAME = re.compile(r"^vitamin_(?P<size>small|base|large2?|xlarge)"
+                                r"_(?P<res>\d+)$")
+VITAMIN_SIZES = {"small": (384, 14), "base": (768, 14), "large": (1024, 31),
+                 "large2": (1024, 31), "xlarge": (1152, 32)}
 # CaiT: cait_{size}{depth}_{res} (patches of 16).
 _TIMM_CAIT_NAME = re.compile(r"^cait_(?P<size>xxs|xs|s|m)(?P<depth>\d+)_"
                              r"(?P<res>\d+)$")
@@ -1258,6 +1339,9 @@ TIMM_FAMILIES = (
     # is not the window: those win), torch's LayerNorm epsilon.
     (r"^samvit_", dict(window_size=14, layer_norm_eps=1e-5)),
     (r"^samvit_base", dict(global_attn_indexes=(2, 5, 8, 11))),
+    # ViTamin: its GeGluMlp gates by exact GELU (the keys show the stem,
+    # the MLP's input norm and the mean pooling with fc_norm).
+    (r"^vitamin_", dict(act="gelu")),
     (r"^samvit_large", dict(global_attn_indexes=(5, 11, 17, 23))),
     (r"^samvit_huge", dict(global_attn_indexes=(7, 15, 23, 31))),
 )
@@ -1289,6 +1373,8 @@ TIMM_PREPROCESSING = tuple(
         (r"^beit3_", "imagenet", 1.0),
         (r"^beitv2_", "imagenet", 0.9),
         (r"^samvit_", "imagenet", 1.0),
+        (r"^vitamin_\w+_224$", "openai_clip", 0.9),
+        (r"^vitamin_", "openai_clip", 1.0),
         (r"^cait_", "imagenet", 1.0)))
 
 
@@ -1305,7 +1391,8 @@ def parse_timm_name(name: str) -> Optional[Dict[str, Any]]:
   m = _TIMM_NAME.match(base)
   if m is None:
     return (_parse_hybrid_name(base) or _parse_cait_name(base) or
-            _parse_flexivit_name(base) or _parse_test_vit_name(base))
+            _parse_flexivit_name(base) or _parse_test_vit_name(base) or
+            _parse_vitamin_name(base))
   rest = m.group("rest") or ""
   res = re.search(r"_(\d+)$", rest)
   reg = re.search(r"_reg(\d+)", rest)
@@ -1356,6 +1443,17 @@ def _parse_test_vit_name(base: str) -> Optional[Dict[str, Any]]:
               distilled=False, resample="timm", hybrid=False)
 
 
+def _parse_vitamin_name(base: str) -> Optional[Dict[str, Any]]:
+  m = _TIMM_VITAMIN_NAME.match(base)
+  if m is None:
+    return None
+  width, depth = VITAMIN_SIZES[m.group("size")]
+  return dict(family="vitamin", size=m.group("size"), width=width,
+              depth=depth, patch_size=16, image_size=int(m.group("res")),
+              registers=0, base=base, distilled=False, resample="timm",
+              hybrid=False)
+
+
 def _parse_hybrid_name(base: str) -> Optional[Dict[str, Any]]:
   m = _TIMM_HYBRID_NAME.match(base)
   if m is None:
@@ -1377,7 +1475,7 @@ TIMM_UNSUPPORTED = (
     (r"^vit_\w+_(resnet\d+d|mci)_", "a CNN backbone other than BiT's "
                                    "ResNetV2 stem (the R50+ViT hybrids "
                                    "vit_*_r50_* / _r26_* / vit_tiny_r_* "
-                                   "load)"),
+                                   "and ViTamin's vitamin_* load)"),
     (r"^naflexvit_.*_parfac_", "a factorized NaFlex position embedding "
                                "(timm's pos_embed='factorized')"),
     (r"^samvit_base_patch16_224$", "SAM's ViT without its conv neck (a "
@@ -1413,7 +1511,7 @@ def refuse_unsupported_timm(name: str, error=ValueError) -> None:
         f"test_vit / test_vit2 / test_vit3, "
         f"timm's SBB RoPE ViTs (vit_*_rope_reg*_gap_256), Naver's RoPE-ViT "
         f"(vit_*_patch16_rope[_mixed][_ape]_224), LingBot-Vision "
-        f"(vit_*_patch16_lingbot).")
+        f"(vit_*_patch16_lingbot), ViTamin (vitamin_*).")
 
 
 # timm names whose weights load into another timm class than their tree

@@ -111,7 +111,7 @@ def resize_posemb(variables, image_size, patch_size: Optional[int] = None,
       "posembed_input", {}):
     return variables  # none (DINOv3), or a NaFlex grid: resized per image
   if patch_size is None:
-    patch_size = int(np.shape(params["embedding"]["kernel"])[0])
+    patch_size = trees.patch_size_of(params)
   h, w = models.pair(image_size)
   if (h % patch_size or w % patch_size) and not remainder_ok:
     raise ValueError(f"image_size {h}x{w} is not divisible by the patch size "
@@ -144,7 +144,7 @@ def resize_rel_pos(variables, image_size, patch_size: Optional[int] = None,
   if not keys:
     return variables
   if patch_size is None:
-    patch_size = int(np.shape(flat["params/embedding/kernel"])[0])
+    patch_size = trees.patch_size_of(trees.unflatten(flat))
   h, w = models.pair(image_size)
   new = (h // patch_size, w // patch_size)
   cls = "params/cls" in flat

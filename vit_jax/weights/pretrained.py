@@ -181,7 +181,7 @@ def list_names(pattern: str = "*", pretrained: bool = False,
 
 FAMILY_PATTERNS = ("vit_*", "deit*", "eva02_*", "eva_*", "aimv2_*",
                    "naflexvit_*", "beit*", "samvit_*", "cait_*", "flexivit_*",
-                   "test_vit", "test_vit2", "test_vit3")
+                   "test_vit", "test_vit2", "test_vit3", "vitamin_*")
 
 
 def _timm_architectures(patterns: Sequence[str] = FAMILY_PATTERNS,

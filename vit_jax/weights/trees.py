@@ -9,7 +9,7 @@ tensor lives in ``model.init``'s variables.
 from __future__ import annotations
 
 import re
-from typing import Any, Callable, Dict, Mapping, Optional
+from typing import Any, Callable, Dict, List, Mapping, Optional
 
 import numpy as np
 
@@ -145,7 +145,8 @@ def arch_of(variables, *, conv_stem=None, patch_size=None,
   the position embedding has rows for the prefix tokens.
   """
   p = params_of(variables)
-  missing = [k for k in ("embedding", "Transformer") if k not in p]
+  missing = [k for k in ("embedding", "Transformer") if k not in p and not (
+      k == "embedding" and "mbconv_stem" in p)]  # ViTamin's stem: none
   if missing:
     raise ValueError(f"Not a ViT parameter tree: no {missing} at the top "
                      f"(found {sorted(p)[:10]}).")
@@ -168,16 +169,21 @@ def arch_of(variables, *, conv_stem=None, patch_size=None,
                      f"has {sorted(blk)}") from None
   gated = ("split" if "Gate_0" in mlp_block else
            "packed" if mlp == 2 * mlp_in else None)
-  emb = np.shape(p["embedding"]["kernel"])
+  mbconv = mbconv_of(p)
+  if mbconv is not None:  # its last convolution ends at the width
+    emb = (mbconv.stride,) + tuple(np.shape(
+        p["mbconv_stem"].get("pool_proj", {}).get("kernel", (0,))))[-1:]
+  else:
+    emb = np.shape(p["embedding"]["kernel"])
   resnet = resnet_of(p)
   arch: Dict[str, Any] = dict(
       hidden_size=int(emb[-1]), num_layers=depth, num_heads=int(q[1]),
-      mlp_dim=int(mlp_in), resnet=resnet,
+      mlp_dim=int(mlp_in), resnet=resnet, mbconv=mbconv,
       patch_size=int(emb[0]) * (resnet.stride if resnet else 1),
       qkv_bias="bias" in attn["query"],
       key_bias="bias" in attn["key"] or "bias" not in attn["query"],
       proj_bias="bias" in attn["out"],
-      patch_bias="bias" in p["embedding"],
+      patch_bias=mbconv is not None or "bias" in p["embedding"],
       # Any value: loaded weights overwrite the initial scale.
       layer_scale_init=1e-5 if "LayerScale_0" in blk else None,
       pre_norm="pre_norm" in tr, fc_norm="fc_norm" in p,
@@ -187,7 +193,8 @@ def arch_of(variables, *, conv_stem=None, patch_size=None,
       norm_type="layer" if "bias" in norm0 else "rms",
       patch_norm="embedding_norm" in p, qk_norm="query_ln" in attn,
       attn_norm="inner_norm" in attn, gated_mlp=gated,
-      mlp_norm="LayerNorm_0" in mlp_block, distilled="dist" in p,
+      mlp_norm="LayerNorm_0" in mlp_block,
+      mlp_input_norm="InputNorm" in mlp_block, distilled="dist" in p,
       abs_pos_embed="posembed_input" in tr,
       # RoPE-Mixed's learned frequencies (other RoPE: only a name says).
       **({"rope": "mixed"} if "rope_freqs" in tr else {}),
@@ -197,8 +204,8 @@ def arch_of(variables, *, conv_stem=None, patch_size=None,
       class_attn_layers=sum(1 for k in tr if _CLASS_BLOCK.match(k)))
   arch.update(_rel_pos_mlp_of(tr.get("rel_pos_bias",
                                      attn.get("rel_pos_bias", {}))))
-  if gated:
-    arch["act"] = "silu"  # every released SwiGLU gates by SiLU
+  if gated:  # every released SwiGLU gates by SiLU; ViTamin's GeGLU
+    arch["act"] = "gelu" if arch["mlp_input_norm"] else "silu"  # by GELU
   if "MAPHead_0" in p:
     arch["classifier"] = "map"
     mh = p["MAPHead_0"]
@@ -334,6 +341,47 @@ def _sam_of(p, tr, depth: int, patch: int, image_size) -> Dict[str, Any]:
   return out
 
 
+def patch_size_of(params) -> int:
+  """The pixels per token of a tree without a conv or ResNet stem: its
+  patch embedding's kernel, or ViTamin's stem's reduction."""
+  params = params_of(params)
+  if "mbconv_stem" in params:
+    return models.MbConvConfig.stride
+  return int(np.shape(params["embedding"]["kernel"])[0])
+
+
+_MB_BLOCK = re.compile(r"^stage(\d+)_block(\d+)$")
+
+
+def mbconv_of(params) -> Optional["models.MbConvConfig"]:
+  """ViTamin's stem from its parameters (``mbconv_stem``: the stem
+  convolutions' width, each stage's blocks and output width), or None."""
+  stem = params.get("mbconv_stem")
+  if stem is None:
+    return None
+  blocks: Dict[int, List[int]] = {}
+  for k in stem:
+    m = _MB_BLOCK.match(k)
+    if m:
+      blocks.setdefault(int(m.group(1)), []).append(int(m.group(2)))
+  if sorted(blocks) != [0, 1] or any(
+      sorted(u) != list(range(len(u))) for u in blocks.values()):
+    raise ValueError(f"ViTamin's stem has two stages of blocks stage{{s}}_"
+                     f"block{{u}} (from 0); this tree has "
+                     f"{sorted(k for k in stem if _MB_BLOCK.match(k))}")
+
+  def out(*path):  # a conv kernel's output channels (damaged: the checker's)
+    node = stem
+    for k in path:
+      node = node.get(k, {}) if isinstance(node, Mapping) else {}
+    kernel = node.get("kernel") if isinstance(node, Mapping) else None
+    return int(np.shape(kernel)[-1]) if np.ndim(kernel) == 4 else 0
+  return models.MbConvConfig(
+      stem_width=out("stem_conv1"),
+      widths=tuple(out(f"stage{s}_block0", "conv3") for s in (0, 1)),
+      depths=tuple(len(blocks[s]) for s in (0, 1)))
+
+
 _STAGE = re.compile(r"^block(\d+)$")
 _UNIT = re.compile(r"^unit(\d+)$")
 
@@ -450,6 +498,12 @@ def describe(arch: Mapping[str, Any], name: Optional[str] = None,
            f"patch {arch.get('patch_size')}"]
   if arch.get("conv_stem"):
     parts.append(f"conv stem of {len(arch['conv_stem'])} layers")
+  if arch.get("mbconv"):
+    c = models.mbconv.as_config(arch["mbconv"])
+    parts.append(f"ViTamin stem (width {c.stem_width}, stages "
+                 f"{tuple(c.widths)} x {tuple(c.depths)})")
+  if arch.get("mlp_input_norm"):
+    parts.append("a norm of the MLP's input")
   if arch.get("resnet"):
     r = models.resnet.as_config(arch["resnet"])
     parts.append(f"ResNet stem {tuple(r.num_layers)}" if r.num_layers

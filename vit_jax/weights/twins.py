@@ -181,6 +181,21 @@ def _hybrid_embed(model):
   return functools.partial(HybridEmbed, backbone=backbone)
 
 
+def _vitamin_embed(model):
+  """timm's ``HybridEmbed`` without a projection around ViTamin's
+  ``MbConvStages`` (as ``vitamin._create_vitamin`` builds it)."""
+  from timm.layers import HybridEmbed  # pylint: disable=import-outside-toplevel
+  from timm.models.vitamin import MbConvStages, VitCfg  # pylint: disable=import-outside-toplevel
+
+  c = model.mbconv
+  if c.expand_ratio != 4.0:
+    raise NoTwin("timm's MbConvLNBlock expands by 4.")
+  cfg = VitCfg(embed_dim=(*c.widths, model.hidden_size),
+               depths=(*c.depths, 1), stem_width=c.stem_width)
+  return functools.partial(HybridEmbed, backbone=MbConvStages(
+      cfg, in_chans=model.num_channels), proj=False)
+
+
 def _vit(model, image_size, distilled: bool):
   from timm.layers import GluMlp, Mlp, SwiGLU  # pylint: disable=import-outside-toplevel
   from timm.models.deit import VisionTransformerDistilled  # pylint: disable=import-outside-toplevel
@@ -192,7 +207,15 @@ def _vit(model, image_size, distilled: bool):
   if m.final_norm is False and m.fc_norm:
     raise NoTwin("timm has no fc_norm without final_norm.")
   d = m.hidden_size
-  if m.gated_mlp == "packed":
+  if m.mlp_input_norm:  # ViTamin's GeGluMlp: its norm 1e-6, as ours here
+    from timm.models.vitamin import GeGluMlp  # pylint: disable=import-outside-toplevel
+    if (m.gated_mlp != "split" or m.layer_norm_eps != 1e-6 or
+        m.norm_type != "layer" or not m.proj_bias):
+      raise NoTwin("timm's GeGluMlp (the norm of the MLP's input) is a "
+                   "split gated MLP with biases and a LayerNorm of "
+                   "epsilon 1e-6.")
+    mlp, ratio = GeGluMlp, _ratio(m.mlp_dim, d)
+  elif m.gated_mlp == "packed":
     mlp = functools.partial(GluMlp, act_layer=_act(m.act), gate_last=False)
     ratio = _ratio(2 * m.mlp_dim, d)
   elif m.gated_mlp == "split":
@@ -223,6 +246,8 @@ def _vit(model, image_size, distilled: bool):
   if m.resnet is not None:  # the R50+ViT hybrids
     kw.update(embed_layer=_hybrid_embed(m),
               patch_size=m.patch_size // m.resnet.stride)
+  if m.mbconv is not None:  # ViTamin
+    kw.update(embed_layer=_vitamin_embed(m), patch_size=1)
   if distilled:
     return VisionTransformerDistilled(**kw)
   return VisionTransformer(**kw)
