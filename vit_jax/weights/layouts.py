@@ -18,9 +18,9 @@ import numpy as np
 
 from vit_jax.models import resnet as resnet_lib
 from vit_jax.weights.mapping import (
-    DENSE, GRID_ROWS, GRID_TOKENS, HEADS, HEADS_BIAS, LINEAR_PATCH, RAW, Layout, Repeat,
-    Row, const, conv, dense, expand, fused_qkv, norm, out_proj, part,
-    split_qkv, zeros)
+    DENSE, FUSED_OUT, GRID_ROWS, GRID_TOKENS, HEADS, HEADS_BIAS, IN_PROJ,
+    IN_PROJ_BIAS, LINEAR_PATCH, RAW, Layout, Repeat, Row, const, conv, dense,
+    expand, fused_qkv, norm, out_proj, part, split_qkv, zeros)
 
 E = "params/Transformer/encoderblock_{i}/"  # our block
 ATTN = E + "MultiHeadDotProductAttention_0"
@@ -193,23 +193,83 @@ _TIMM_RESNET = (
 )
 
 
+def _block_has(path):
+  """``Row.when``: the encoder's blocks (all alike: the first's) have
+  ``path`` (one lookup: it is asked for every row of every block)."""
+  key = "params/Transformer/encoderblock_0/" + path
+  return lambda flat: key in flat
+
+
+def _both(rows, when):
+  """``rows`` written only where ``when`` holds too."""
+  def both(first):
+    return when if first is None else lambda f: first(f) and when(f)
+  return tuple(dataclasses.replace(r, when=both(r.when)) for r in rows)
+
+
+_SERIAL = _block_has("LayerNorm_1/scale")  # a parallel block has one norm
+_PARALLEL = lambda flat: not _SERIAL(flat)  # noqa: E731
+_MLP_OUT_BIAS = _block_has("MlpBlock_0/Dense_1/bias")  # none: fused
+_LAMBDAS = ("lambda_a", "lambda_b", "lambda_q1", "lambda_k1", "lambda_q2",
+            "lambda_k2")
+
+
+def _diff_rows(theirs: str):
+  """Differential attention's lambdas (timm's ``DiffAttention``, or
+  ``DiffParallelScalingBlock``'s own) under ``theirs``."""
+  return tuple(Row(theirs + n, (f"{ATTN}/{n}",)) for n in _LAMBDAS)
+
+
 def _timm_block(attention=()):
   """A timm ``Block``'s rows (VisionTransformer's; ``RelPosBlock``'s):
   ``attention``, the attention's own extra rows, come before its ``proj``
-  (timm's relative position MLP or table)."""
-  return (
+  (timm's relative position MLP or table); differential attention's
+  lambdas before its ``qkv``, its ``sub_norm`` after ``proj``. Then
+  ``ParallelScalingBlock``'s / ``DiffParallelScalingBlock``'s (a tree whose
+  blocks have one norm): the fused ``in_proj`` (the MLP's first layer and
+  q, k, v; ``mlp_bias`` where there is no q/k/v bias), ``attn_out_proj`` /
+  ``mlp_out_proj`` or one ``out_proj`` of both (an MLP without an output
+  bias), one LayerScale ``ls``."""
+  mlp0 = E + "MlpBlock_0/Dense_0"
+  serial = (
       *norm(_TM + "norm1.", E + "LayerNorm_0"),
+      *_diff_rows(_TM + "attn."),
       *fused_qkv(_TM + "attn.qkv.weight", _TM + "attn.qkv.bias", ATTN),
       *norm(_TM + "attn.q_norm.", ATTN + "/query_ln"),
       *norm(_TM + "attn.k_norm.", ATTN + "/key_ln"),
       *norm(_TM + "attn.norm.", ATTN + "/inner_norm"),
       *attention,
       *out_proj(_TM + "attn.proj.", ATTN),
+      Row(_TM + "attn.sub_norm.weight", (ATTN + "/sub_norm/scale",)),
       Row(_TM + "ls1.gamma", (E + "LayerScale_0/scale",)),
       *norm(_TM + "norm2.", E + "LayerNorm_1"),
       *_fix_mlp_rows(_timm_mlp(_TM + "mlp.")),
       Row(_TM + "ls2.gamma", (E + "LayerScale_1/scale",)),
   )
+  parallel = (
+      Row(_TM + "mlp_bias", (mlp0 + "/bias",),
+          when=lambda f: not _block_has(
+              "MultiHeadDotProductAttention_0/query/bias")(f)),
+      *_diff_rows(_TM),
+      *norm(_TM + "in_norm.", E + "LayerNorm_0"),
+      Row(_TM + "in_proj.weight", (mlp0 + "/kernel",) + tuple(
+          f"{ATTN}/{q}/kernel" for q in ("query", "key", "value")), IN_PROJ),
+      Row(_TM + "in_proj.bias", (mlp0 + "/bias",) + tuple(
+          f"{ATTN}/{q}/bias" for q in ("query", "key", "value")),
+          IN_PROJ_BIAS, heads="heads_width"),
+      *norm(_TM + "q_norm.", ATTN + "/query_ln"),
+      *norm(_TM + "k_norm.", ATTN + "/key_ln"),
+      Row(_TM + "sub_norm.weight", (ATTN + "/sub_norm/scale",)),
+      *_both((*out_proj(_TM + "attn_out_proj.", ATTN),
+              *dense(_TM + "mlp_out_proj.", E + "MlpBlock_0/Dense_1")),
+             _MLP_OUT_BIAS),
+      *_both((Row(_TM + "out_proj.weight", (
+          ATTN + "/out/kernel", E + "MlpBlock_0/Dense_1/kernel"), FUSED_OUT),
+              Row(_TM + "out_proj.bias", (ATTN + "/out/bias",))),
+             lambda f: not _MLP_OUT_BIAS(f)),
+      Row(_TM + "ls.gamma", (E + "LayerScale_0/scale",)),
+  )
+  return _both(serial, _SERIAL) + _both(parallel, _PARALLEL)
 
 
 # timm's VisionTransformer (and VisionTransformerDistilled): classic ViTs,
@@ -234,7 +294,6 @@ TIMM = Layout("timm", rows=(
 ), aliases=((r"^module\.", ""),), resample="timm",
    fixed=tuple((f"resnet.{k}", v) for k, v in resnet_lib.TIMM.items()),
    unsupported=(
-    (".lambda_", "differential attention"),
     ("patch_embed.backbone.", "a CNN backbone other than BiT's ResNetV2 stem "
      "(timm's vit_*_resnet*d_* and vit_base_mci_*; the R50+ViT hybrids "
      "vit_*_r50_* / _r26_* / vit_tiny_r_* load)"),
@@ -555,6 +614,8 @@ def timm_layout_of(flat) -> str:
   if any(k.startswith("params/neck/") or k.endswith("/rel_pos_h")
          for k in keys):
     return "timm_sam"
+  if _PARALLEL(keys) or any("/lambda_" in k for k in keys):
+    return "timm"  # ParallelScalingBlock, DiffAttention: VisionTransformer's
   if not any("posembed_input" in k for k in keys):
     return "timm_eva"
   if (any(k.endswith("MultiHeadDotProductAttention_0/query/bias")
@@ -979,6 +1040,11 @@ def transformers_layout_of(arch: Mapping[str, Any]) -> str:
     raise ValueError("transformers has no CaiT (talking-heads attention, "
                      "class-attention blocks): export it with to_timm "
                      "(timm's Cait) or in our own layout.")
+  if arch.get("diff_attn") or arch.get("parallel"):
+    raise ValueError("transformers has no differential attention nor "
+                     "parallel blocks (timm's vit_dwee_*, vit_pwee_*, "
+                     "vit_*_xp_*): export it with to_timm (timm's "
+                     "VisionTransformer) or in our own layout.")
   if arch.get("rel_pos_mlp") or (arch.get("rel_pos_bias") and
                                   not arch.get("class_token", True)):
     raise ValueError("transformers has no relative position bias from an "
@@ -1106,6 +1172,9 @@ TIMM_SIZES = {
     "giant": (1408, 40), "gigantic": (1664, 48), "so400m": (1152, 27),
     "so150m": (896, 18), "so150m2": (832, 21), "little": (320, 14),
     "wee": (256, 14), "giantopt": (1536, 40),
+    # timm's SBB ViTs with differential attention (d), parallel blocks (p).
+    "dwee": (256, 14), "pwee": (256, 16), "dpwee": (256, 16),
+    "dlittle": (320, 14),
     "small_plus": (384, 12), "huge_plus": (1280, 32), "7b": (4096, 40),
     "1b": (2048, 24), "3b": (3072, 24), "enormous": (1792, 64),
 }

@@ -163,6 +163,7 @@ def arch_of(variables, *, conv_stem=None, patch_size=None,
     mlp = shape(mlp_block["Dense_0"]["kernel"])[-1]
     mlp_in = shape(mlp_block["Dense_1"]["kernel"])[0]
     norm0 = blk["LayerNorm_0"]
+    out = attn["out"]
   except (KeyError, TypeError) as e:
     raise ValueError(f"encoderblock_0 is not a ViT block (missing {e}); it "
                      f"has {sorted(blk)}") from None
@@ -192,7 +193,13 @@ def arch_of(variables, *, conv_stem=None, patch_size=None,
       rel_pos_bias=("shared" if "rel_pos_bias" in tr else
                     "block" if "rel_pos_bias" in attn else None),
       talking_heads="proj_l" in attn,
-      class_attn_layers=sum(1 for k in tr if _CLASS_BLOCK.match(k)))
+      class_attn_layers=sum(1 for k in tr if _CLASS_BLOCK.match(k)),
+      diff_attn=("dual" if "lambda_a" in attn else
+                 "qk" if "lambda_q1" in attn else None),
+      # Parallel blocks have one norm; a fused one's MLP no output bias.
+      parallel=(None if "LayerNorm_1" in blk else
+                "fused" if "bias" in out and "bias" not in mlp_block[
+                    "Dense_1"] else "split"))
   arch.update(_rel_pos_mlp_of(tr.get("rel_pos_bias",
                                      attn.get("rel_pos_bias", {}))))
   if gated:
@@ -479,6 +486,10 @@ def describe(arch: Mapping[str, Any], name: Optional[str] = None,
     parts.append(f"SAM neck {arch['neck_chans']}")
   if arch.get("talking_heads"):
     parts.append("talking heads")
+  if arch.get("diff_attn"):
+    parts.append(f"differential attention ({arch['diff_attn']})")
+  if arch.get("parallel"):
+    parts.append(f"parallel blocks ({arch['parallel']})")
   if arch.get("class_attn_layers"):
     parts.append(f"{arch['class_attn_layers']} class-attention blocks")
   if arch.get("norm_type", "layer") != "layer":
