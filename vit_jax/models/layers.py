@@ -922,6 +922,7 @@ class Encoder(nn.Module):
   naflex_square: bool = False
   naflex_align_corners: bool = False
   naflex_grid: Tuple[int, int] = (16, 16)
+  naflex_factorized: bool = False
   window_size: int = 0  # SAM: windowed attention but in the global blocks
   global_attn_indexes: Tuple[int, ...] = ()
   class_attn_layers: int = 0  # CaiT: the class token's blocks, after these
@@ -985,7 +986,7 @@ class Encoder(nn.Module):
       naflex_pos = naflex.NaFlexPositionEmbs(
           tuple(self.naflex_grid), self.naflex, self.naflex_square,
           self.naflex_align_corners, self.block.param_dtype,
-          name="posembed_input")
+          factorized=self.naflex_factorized, name="posembed_input")
       pos = lambda y: naflex_pos(y, grid=grid, coord=coord, valid=valid)  # noqa: E731
       if valid is not None:
         mask = naflex.key_mask(valid, num_prefix)

@@ -259,6 +259,13 @@ class VisionTransformer(nn.Module):
       preserving``, RADIO). The prefix tokens get no position; padding is
       masked out of every attention and of the pooling. NHWC images work
       too (one grid for the batch, no mask). See :mod:`vit_jax.models.naflex`.
+    naflex_factorized: a factorized position embedding instead of the grid
+      (timm's ``pos_embed='factorized'``: ``naflexvit_*_parfac_*``):
+      learned rows ``posembed_input/pos_y`` (1, H0, D) and columns
+      ``pos_x`` (1, W0, D) of the ``naflex_grid`` size, each resized to the
+      image's grid by linear interpolation (``naflex='bilinear'``; with
+      ``naflex_square`` both to its longer side, the first kept), and
+      patch (y, x) gets row y plus column x.
 
   Segment Anything's image encoder (timm's ``samvit_*``; ViTDet), whose
   options attend over the patch grid (no prefix tokens; see
@@ -395,6 +402,7 @@ class VisionTransformer(nn.Module):
   naflex_square: bool = False
   naflex_align_corners: bool = False
   naflex_grid: Tuple[int, int] = (16, 16)
+  naflex_factorized: bool = False
   window_size: int = 0
   global_attn_indexes: Tuple[int, ...] = ()
   rel_pos: bool = False
@@ -465,9 +473,9 @@ class VisionTransformer(nn.Module):
       raise ValueError("no_embed_registers: the position embedding covers "
                        "the class token but not the registers; it needs "
                        "registers and no_embed_class=False")
+    naflex_lib.check_kind(self.naflex, self.naflex_square,
+                          self.naflex_align_corners, self.naflex_factorized)
     if self.naflex is not None:
-      naflex_lib.check_kind(self.naflex, self.naflex_square,
-                            self.naflex_align_corners)
       if self.conv_stem or not self.abs_pos_embed:
         raise ValueError("naflex: a NaFlex model has a single patchify "
                          "layer and a learned position grid (no conv_stem, "
