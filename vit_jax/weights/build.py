@@ -157,6 +157,8 @@ _SHOWN = (
     ("a learned position embedding", lambda a: bool(a.get("abs_pos_embed",
                                                            True))),
     ("a NaFlex position grid", lambda a: a.get("naflex") is not None),
+    ("a factorized position embedding",
+     lambda a: bool(a.get("naflex_factorized"))),
     ("a conv stem", lambda a: bool(a.get("conv_stem"))),
     ("relative position bias", lambda a: a.get("rel_pos_bias") or "none"),
     ("a relative position MLP", lambda a: a.get("rel_pos_mlp") or "none"),

@@ -26,6 +26,8 @@ E = "params/Transformer/encoderblock_{i}/"  # our block
 ATTN = E + "MultiHeadDotProductAttention_0"
 POS = "params/Transformer/posembed_input/pos_embedding"
 POS_GRID = "params/Transformer/posembed_input/pos_grid"  # NaFlex
+POS_Y = "params/Transformer/posembed_input/pos_y"  # ... factorized
+POS_X = "params/Transformer/posembed_input/pos_x"
 MAP = "params/MAPHead_0/"
 
 
@@ -304,13 +306,16 @@ TIMM = Layout("timm", rows=(
 # timm's NaFlexVit (SigLIP 2 NaFlex, C-RADIO's naflexvit_*, timm's own
 # NaFlex ViTs): VisionTransformer's blocks and heads; the embedding module
 # ``embeds`` holds the tokens, a Linear over pre-cut (y, x, channel)
-# patches (our conv kernel, flattened) and the position grid (1, H, W, D).
+# patches (our conv kernel, flattened) and the position grid (1, H, W, D),
+# or its factorized rows (1, H, D) and columns (1, W, D).
 _TIMM_EMBEDDING_KEYS = ("cls_token", "reg_token", "pos_embed", "dist_token",
                         "patch_embed.")
 TIMM_NAFLEX = Layout("timm_naflex", rows=(
     Row("embeds.cls_token", ("params/cls",)),
     Row("embeds.reg_token", ("params/registers",)),
     Row("embeds.pos_embed", (POS_GRID,)),
+    Row("embeds.pos_embed_y", (POS_Y,)),  # pos_embed='factorized'
+    Row("embeds.pos_embed_x", (POS_X,)),
     *dense("embeds.proj.", "params/embedding", op=LINEAR_PATCH),
     *norm("embeds.norm.", "params/embedding_norm"),
     *(r for r in TIMM.rows
@@ -318,8 +323,6 @@ TIMM_NAFLEX = Layout("timm_naflex", rows=(
           _TIMM_EMBEDDING_KEYS)),
 ), aliases=((r"^module\.", ""),), unsupported=(
     *TIMM.unsupported,
-    ("embeds.pos_embed_y", "a factorized position embedding (timm's "
-     "naflexvit_*_parfac_*)"),
     ("embeds.norm_input", "a norm of the input patches"),
 ))
 
@@ -603,7 +606,7 @@ def timm_layout_of(flat) -> str:
   LayerScale with a norm before the blocks: PE), else ``'timm'``
   (VisionTransformer)."""
   keys = list(flat)
-  if POS_GRID in keys:
+  if POS_GRID in keys or POS_Y in keys:
     return "timm_naflex"
   if any(k.startswith("params/Transformer/classblock_") for k in keys):
     return "timm_cait"
@@ -1053,6 +1056,10 @@ def transformers_layout_of(arch: Mapping[str, Any]) -> str:
                      "VisionTransformerRelPos) or in our own layout.")
   if arch.get("rel_pos_bias"):
     return "transformers_beit"
+  if arch.get("naflex_factorized"):
+    raise ValueError("transformers has no factorized position embedding "
+                     "(timm's naflexvit_*_parfac_*): export it with to_timm "
+                     "(timm's NaFlexVit) or in our own layout.")
   if arch.get("naflex"):
     return "transformers_siglip2"
   if arch.get("neck_chans") or arch.get("rel_pos") or arch.get("window_size"):
@@ -1268,6 +1275,9 @@ TIMM_FAMILIES = (
     # models aspect-preserving too.
     (r"^naflexvit_", dict(naflex="bicubic_aa")),
     (r"^naflexvit_.*_par_", dict(naflex_square=True)),
+    # The factorized position embedding (its rows and columns resized by
+    # linear interpolation), aspect-preserving.
+    (r"^naflexvit_.*_parfac_", dict(naflex="bilinear", naflex_square=True)),
     (r"^naflexvit_.*_siglip", dict(naflex="bilinear_aa", act="gelu_tanh")),
     (r"^naflexvit_.*_radio_v\d", dict(naflex="bilinear", naflex_square=True)),
     (r"^naflexvit_(base|huge)_patch16_radio_v3",
@@ -1374,16 +1384,17 @@ TIMM_UNSUPPORTED = (
                      "rope-vit)"),
     (r"_patch16_rope_(ape_)?224$", "Naver's rope-vit RoPE"),
     (r"_rope_reg\d+_gap_256$", "timm's own RoPE ViTs (SBB)"),
-    (r"_sapiens2$", "Sapiens2 (grouped-query attention, attention-only "
-                    "LayerScale)"),
+    (r"_sapiens2$", "Sapiens2 (timm's Eva with grouped-query attention "
+                    "in its middle blocks: fewer key/value heads than "
+                    "query heads there, a number per block (num_kv_heads), "
+                    "where vit_jax's blocks share one configuration; and "
+                    "LayerScale on the attention branch only)"),
     (r"_lingbot$", "LingBot-Vision"),
     (r"^eva_giant", "EVA-01 (timm's eva_giant_*)"),
     (r"^vit_\w+_(resnet\d+d|mci)_", "a CNN backbone other than BiT's "
                                    "ResNetV2 stem (the R50+ViT hybrids "
                                    "vit_*_r50_* / _r26_* / vit_tiny_r_* "
                                    "load)"),
-    (r"^naflexvit_.*_parfac_", "a factorized NaFlex position embedding "
-                               "(timm's pos_embed='factorized')"),
     (r"^samvit_base_patch16_224$", "SAM's ViT without its conv neck (a "
                                    "channel LayerNorm of epsilon 1e-6 after "
                                    "blocks of 1e-5; no released weights)"),
@@ -1410,9 +1421,12 @@ def refuse_unsupported_timm(name: str, error=ValueError) -> None:
         f"families: ViT / AugReg, DeiT (incl. distilled), DeiT-III, "
         f"DINOv2 (incl. giant), DINOv3, EVA-02 (T/S/B/L, CLIP B/L), "
         f"Perception Encoder, AIMv2, CLIP, SigLIP / SigLIP 2 (incl. "
-        f"NaFlex), C-RADIO (incl. NaFlex), timm's NaFlexVit, BEiT / BEiT "
+        f"NaFlex), C-RADIO (incl. NaFlex), timm's NaFlexVit (incl. its "
+        f"factorized position embedding, naflexvit_*_parfac_*), BEiT / BEiT "
         f"v2 / BEiT-3, SAM's image encoder (samvit_*), CaiT (cait_*), "
-        f"timm's relative-position ViTs (vit_relpos_*, vit_srelpos_*).")
+        f"timm's relative-position ViTs (vit_relpos_*, vit_srelpos_*), "
+        f"differential attention and parallel blocks (vit_dwee_*, "
+        f"vit_dlittle_*, vit_pwee_*, vit_dpwee_*, vit_*_xp_*).")
 
 
 SAM_NEEDS_A_NAME = (

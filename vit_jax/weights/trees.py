@@ -248,6 +248,13 @@ def arch_of(variables, *, conv_stem=None, patch_size=None,
   arch["no_embed_class"] = bool(arch["class_attn_layers"])
   if not arch["abs_pos_embed"] or arch["class_attn_layers"]:
     return arch
+  if "pos_y" in tr["posembed_input"]:  # NaFlex, factorized: rows, columns
+    rows, cols = (int(np.shape(tr["posembed_input"][k])[1])
+                  for k in ("pos_y", "pos_x"))
+    # timm's (linear, aspect-preserving) unless the name says otherwise.
+    arch.update(naflex="bilinear", naflex_square=True,
+                naflex_factorized=True, naflex_grid=(rows, cols))
+    return arch
   if "pos_grid" in tr["posembed_input"]:  # NaFlex: a grid resized per image
     shape = np.shape(tr["posembed_input"]["pos_grid"])
     # SigLIP 2's resize unless the name says otherwise (the weights do not).
@@ -473,7 +480,8 @@ def describe(arch: Mapping[str, Any], name: Optional[str] = None,
     parts.append(f"relative position bias ({arch['rel_pos_bias']}{mlp})")
   if arch.get("naflex"):
     grid = arch.get("naflex_grid") or (16, 16)
-    parts.append(f"NaFlex ({arch['naflex']} from a {grid[0]}x{grid[1]} "
+    what = "factorized " if arch.get("naflex_factorized") else ""
+    parts.append(f"NaFlex ({arch['naflex']} from a {what}{grid[0]}x{grid[1]} "
                  f"grid{', square' if arch.get('naflex_square') else ''})")
   if arch.get("gated_mlp"):
     parts.append(f"gated MLP ({arch['gated_mlp']})")
