@@ -294,15 +294,18 @@ def test_train_py_init_weights_takes_a_name(hub, monkeypatch):
 # One timm name per structure value (class token, MAP head, registers,
 # LayerScale, norms, biases, gated MLPs, RoPE without a position embedding,
 # NaFlex, a distillation token, CaiT's class attention and talking heads,
-# a shared relative position MLP): together every value of every field the
-# name check compares.
+# a shared relative position MLP, differential attention, parallel blocks
+# (fused and split), a factorized NaFlex embedding): together every value
+# of every field the name check compares.
 STRUCTURES = ["vit_base_patch8_224", "aimv2_1b_patch14_224",
               "naflexvit_base_patch16_gap", "eva02_base_patch16_clip_224",
               "vit_pe_core_base_patch16_224", "vit_base_patch16_radio_v3",
               "vit_giant_patch14_reg1_tipsv2", "vit_7b_patch16_dinov3",
               "vit_huge_patch16_radio_v4", "deit_base_distilled_patch16_224",
               "samvit_base_patch16", "beit_base_patch16_224",
-              "cait_xxs24_224", "vit_srelpos_small_patch16_224"]
+              "cait_xxs24_224", "vit_srelpos_small_patch16_224",
+              "vit_dpwee_patch16_reg1_gap_256", "vit_base_patch16_xp_224",
+              "naflexvit_base_patch16_parfac_gap"]
 
 
 def test_the_name_check_reads_every_structure_as_the_records_say():

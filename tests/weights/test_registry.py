@@ -110,6 +110,7 @@ REFUSED = {
     "eva_giant_patch14_224": "EVA-01",
     "vit_small_resnet26d_224": "CNN backbone other than BiT",
     "samvit_base_patch16_224": "without its conv neck",
+    "vit_base_patch16_sapiens2": "a number per block (num_kv_heads)",
 }
 
 
