@@ -128,7 +128,8 @@ def test_naflexvit_matches_timm_both_ways(name, overrides, record_property):
 def test_naflex_without_a_name_is_refused():
   """The weights do not say how the grid is resized per image: a timm
   NaFlexVit state dict needs its name, and a name of another family is
-  refused saying why; a factorized grid (parfac) is refused by name."""
+  refused saying why; a grid's weights under the name of a factorized
+  embedding (parfac: tests/weights/test_timm_blocks.py) too."""
   m = timm_model(*CASES[0])
   with pytest.raises(ValueError, match="NaFlexVit.*naflexvit_base_patch16_"
                      "siglip"):
@@ -136,7 +137,9 @@ def test_naflex_without_a_name_is_refused():
   with pytest.raises(ValueError, match="not a timm NaFlexVit name"):
     formats.from_timm(m.state_dict(), "vit_base_patch16_siglip_256",
                       num_heads=3)
-  with pytest.raises(ValueError, match="factorized NaFlex position"):
+  with pytest.raises(ValueError, match=re.escape(
+      "no factorized position embedding (the name: a factorized position "
+      "embedding)")):
     formats.from_timm(m.state_dict(),
                       "naflexvit_base_patch16_parfac_gap", num_heads=3)
 

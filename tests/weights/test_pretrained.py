@@ -294,8 +294,10 @@ def test_train_py_init_weights_takes_a_name(hub, monkeypatch):
 # One timm name per structure value (class token, MAP head, registers,
 # LayerScale, norms, biases, gated MLPs, RoPE without a position embedding,
 # NaFlex, a distillation token, CaiT's class attention and talking heads,
-# a shared relative position MLP, ViTamin's stem and MLP input norm):
-# together every value of every field the name check compares.
+# a shared relative position MLP, ViTamin's stem and MLP input norm,
+# differential attention, parallel blocks (fused and split), a factorized
+# NaFlex embedding): together every value of every field the name check
+# compares.
 STRUCTURES = ["vit_base_patch8_224", "aimv2_1b_patch14_224",
               "naflexvit_base_patch16_gap", "eva02_base_patch16_clip_224",
               "vit_pe_core_base_patch16_224", "vit_base_patch16_radio_v3",
@@ -303,7 +305,9 @@ STRUCTURES = ["vit_base_patch8_224", "aimv2_1b_patch14_224",
               "vit_huge_patch16_radio_v4", "deit_base_distilled_patch16_224",
               "samvit_base_patch16", "beit_base_patch16_224",
               "cait_xxs24_224", "vit_srelpos_small_patch16_224",
-              "vit_small_patch16_rope_mixed_224", "vitamin_xlarge_256"]
+              "vit_small_patch16_rope_mixed_224", "vitamin_xlarge_256",
+              "vit_dpwee_patch16_reg1_gap_256", "vit_base_patch16_xp_224",
+              "naflexvit_base_patch16_parfac_gap"]
 
 
 def test_the_name_check_reads_every_structure_as_the_records_say():

@@ -16,7 +16,7 @@ inputs: the per-image resize of the position grid, the padding masks),
 table, timm's relpos family's table or MLP),
 :mod:`~vit_jax.models.sam` (SAM's windows, decomposed relative positions
 and neck), :mod:`~vit_jax.models.cait` (CaiT's talking heads and class
-attention),
+attention), :mod:`~vit_jax.models.diffattn` (differential attention),
 :mod:`~vit_jax.models.analysis` (attention maps, rollout, feature PCA). This room imports nothing else of vit_jax, nor
 torch or TensorFlow.
 """

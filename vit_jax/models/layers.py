@@ -22,7 +22,7 @@ import jax.numpy as jnp
 from jax import lax
 import numpy as np
 
-from vit_jax.models import cait, interpolate, kernels, naflex, relpos
+from vit_jax.models import cait, diffattn, interpolate, kernels, naflex, relpos
 from vit_jax.models import rope as rope_lib
 from vit_jax.models import sam as sam_lib
 
@@ -187,6 +187,8 @@ class BlockConfig:
   rel_pos_mlp_dim: int = 128
   rel_pos: bool = False  # SAM's decomposed relative positions
   talking_heads: bool = False  # CaiT's logits mixed across heads
+  diff_attn: Optional[str] = None  # differential attention ('qk' | 'dual')
+  parallel: Optional[str] = None  # attention and MLP side by side
 
   @classmethod
   def of(cls, module) -> "BlockConfig":
@@ -360,7 +362,7 @@ class MultiHeadDotProductAttention(nn.Module):
 
   @nn.compact
   def __call__(self, inputs_q, inputs_kv=None, rope=None, mask=None,
-               rel_pos=None, decomposed=None):
+               rel_pos=None, decomposed=None, lambda_init=None):
     cfg = self.config
     inputs_kv = inputs_q if inputs_kv is None else inputs_kv
     b, n, d = inputs_q.shape
@@ -389,7 +391,7 @@ class MultiHeadDotProductAttention(nn.Module):
     pad = (impl == "cudnn" and n % 2 == 1 and inputs_kv is inputs_q
            and mask is None and rope is None and rel_pos is None
            and decomposed is None and cfg.rel_pos_bias is None
-           and not cfg.talking_heads)
+           and not cfg.talking_heads and cfg.diff_attn is None)
     n_real = n
     if pad:
       inputs_q = inputs_kv = jnp.pad(inputs_q, ((0, 0), (0, 1), (0, 0)))
@@ -404,6 +406,11 @@ class MultiHeadDotProductAttention(nn.Module):
     k = _project(xkv, *qkv[1]).reshape(b, s, h, hd)
     v = _project(xkv, *qkv[2]).reshape(b, s, h, hd)
     norm = cfg.norm()
+    if cfg.diff_attn is not None:  # two maps per head (diffattn)
+      y = self._differential(q, k, v, mask, lambda_init, use_dropout)
+      if cfg.attn_norm:
+        y = norm(name="inner_norm")(y)
+      return _project(y, out_kernel, out_bias).reshape(b, n, d)
     if cfg.qk_norm:
       q, k = norm(name="query_ln")(q), norm(name="key_ln")(k)
     if rope is not None:
@@ -464,6 +471,33 @@ class MultiHeadDotProductAttention(nn.Module):
     if cfg.attn_norm:
       y = norm(name="inner_norm")(y)
     return _project(y, out_kernel, out_bias).reshape(b, n, d)[:, :n_real]
+
+  def _differential(self, q, k, v, mask, lambda_init, use_dropout):
+    """Differential attention (:mod:`vit_jax.models.diffattn`) of q, k, v
+    (B, N, H, hd) -> the heads' outputs (B * N, H * hd), before the out
+    projection; ``lambda_init`` the block's (default: the first
+    block's)."""
+    cfg = self.config
+    b, n, h, hd = q.shape
+    init = diffattn.lambda_init(0) if lambda_init is None else lambda_init
+    q, k = diffattn.halves(q), diffattn.halves(k)
+    if cfg.qk_norm:  # over the half-width heads, as timm's
+      norm = cfg.norm()
+      q, k = norm(name="query_ln")(q), norm(name="key_ln")(k)
+    lam = diffattn.lambdas(self, cfg.diff_attn, hd // 2, cfg.param_dtype,
+                           init)
+    bias = None if mask is None else naflex.attention_bias(mask)
+    weights = diffattn.weights(q, k, lam, bias).astype(cfg.dtype)
+    if cfg.sow_attention_weights:
+      self.sow("intermediates", "attention_weights", weights)
+    if use_dropout:
+      weights = nn.Dropout(cfg.attention_dropout_rate)(weights,
+                                                       deterministic=False)
+    y = jnp.einsum("bhqk,bkhd->bqhd", weights, v.astype(cfg.dtype))
+    y = RMSNorm(epsilon=diffattn.SUB_NORM_EPS, dtype=cfg.dtype,
+                param_dtype=cfg.param_dtype, name="sub_norm")(y)
+    y = y * (1.0 - jnp.asarray(init, jnp.float32)).astype(y.dtype)
+    return y.reshape(b * n, h * hd)
 
 
 def _fused_attention(q, k, v, mask, impl: str, *, fallback: bool,
@@ -582,7 +616,9 @@ class MlpBlock(nn.Module):
     x = nn.Dropout(cfg.dropout_rate)(x, deterministic=self.deterministic)
     if cfg.mlp_norm:
       x = cfg.norm()(name="LayerNorm_0")(x)
-    x = dense(d, name="Dense_1")(x)
+    # A fused parallel block's one output bias is the attention's.
+    x = dense(d, name="Dense_1",
+              use_bias=cfg.proj_bias and cfg.parallel != "fused")(x)
     return nn.Dropout(cfg.dropout_rate)(x, deterministic=self.deterministic)
 
 
@@ -626,6 +662,12 @@ class Encoder1DBlock(nn.Module):
   (:mod:`vit_jax.models.relpos`). ``spatial``: how a SAM block attends
   over the patch grid (windows, decomposed relative positions;
   :func:`vit_jax.models.sam.attend`), in place of plain attention.
+  ``lambda_init``: the block's constant of differential attention
+  (``config.diff_attn``; :mod:`vit_jax.models.diffattn`). With
+  ``config.parallel`` the attention and the MLP read the same norm and
+  their sum is one branch, x + LS(MHSA(LN(x)) + MLP(LN(x))) (timm's
+  ``ParallelScalingBlock``, ViT-22B's): ``LayerNorm_0``, ``LayerScale_0``
+  only.
   """
 
   config: BlockConfig = BlockConfig()
@@ -636,7 +678,7 @@ class Encoder1DBlock(nn.Module):
 
   @nn.compact
   def __call__(self, inputs, drop_path_rate=0.0, rope=None, mask=None,
-               rel_pos=None):
+               rel_pos=None, lambda_init=None):
     cfg = self.config
     norm = cfg.norm()
     drop_path = (
@@ -657,9 +699,18 @@ class Encoder1DBlock(nn.Module):
     attention = MultiHeadDotProductAttention(
         cfg, deterministic=self.deterministic, grids=self.grids,
         name="MultiHeadDotProductAttention_0")
+    kw = {} if lambda_init is None else {"lambda_init": lambda_init}
+    if cfg.parallel is not None:  # x + LS(attn(LN(x)) + MLP(LN(x)))
+      y = attention(x, rope=None if rope is None else (*rope, cfg.rope),
+                    mask=mask, rel_pos=rel_pos, **kw)
+      y = nn.Dropout(cfg.dropout_rate)(y, deterministic=self.deterministic)
+      y = y + MlpBlock(cfg, deterministic=self.deterministic,
+                       name="MlpBlock_0")(x)
+      out = inputs + drop_path(scale(y))
+      return out, out
     if self.spatial is None:
       x = attention(x, rope=None if rope is None else (*rope, cfg.rope),
-                    mask=mask, rel_pos=rel_pos)
+                    mask=mask, rel_pos=rel_pos, **kw)
     else:  # SAM: within windows, with decomposed relative positions
       x = sam_lib.attend(attention, x, self.spatial, cfg.rel_pos)
     x = nn.Dropout(cfg.dropout_rate)(x, deterministic=self.deterministic)
@@ -880,6 +931,7 @@ class Encoder(nn.Module):
   naflex_square: bool = False
   naflex_align_corners: bool = False
   naflex_grid: Tuple[int, int] = (16, 16)
+  naflex_factorized: bool = False
   window_size: int = 0  # SAM: windowed attention but in the global blocks
   global_attn_indexes: Tuple[int, ...] = ()
   class_attn_layers: int = 0  # CaiT: the class token's blocks, after these
@@ -957,7 +1009,7 @@ class Encoder(nn.Module):
       naflex_pos = naflex.NaFlexPositionEmbs(
           tuple(self.naflex_grid), self.naflex, self.naflex_square,
           self.naflex_align_corners, self.block.param_dtype,
-          name="posembed_input")
+          factorized=self.naflex_factorized, name="posembed_input")
       pos = lambda y: naflex_pos(y, grid=grid, coord=coord, valid=valid)  # noqa: E731
       if valid is not None:
         mask = naflex.key_mask(valid, num_prefix)
@@ -1002,17 +1054,21 @@ class Encoder(nn.Module):
       args = (jnp.asarray(rates, jnp.float32),)
       in_axes = (0,)
       # The same for every layer: rope (but 'mixed''s, one per layer),
-      # mask, the shared position bias.
-      if rope is not None or mask is not None or rel_pos is not None:
-        args += (rope,)
-        in_axes += (0 if self.block.rope == "mixed" and rope is not None
-                    else nn.broadcast,)
-      if mask is not None or rel_pos is not None:
-        args += (mask,)
-        in_axes += (nn.broadcast,)
-      if rel_pos is not None:
-        args += (rel_pos,)
-        in_axes += (nn.broadcast,)
+      # mask, the shared position bias (up to the last one given);
+      # differential attention's lambda_init is each block's own.
+      diff = self.block.diff_attn is not None
+      shared = (rope, mask, rel_pos)
+      if not diff:
+        shared = shared[:max((i + 1 for i, a in enumerate(shared)
+                              if a is not None), default=0)]
+      args += shared
+      in_axes += tuple(
+          0 if j == 0 and self.block.rope == "mixed" and rope is not None
+          else nn.broadcast for j in range(len(shared)))
+      if diff:
+        args += (jnp.asarray(diffattn.lambda_init(
+            np.arange(self.num_layers)), jnp.float32),)
+        in_axes += (0,)
       scanned = nn.scan(
           block_cls,
           variable_axes={"params": 0, "intermediates": 0},
@@ -1034,7 +1090,10 @@ class Encoder(nn.Module):
         rope_i = rope
         if self.block.rope == "mixed":  # this block's own tables
           rope_i = (rope[0][i], rope[1][i])
-        if rel_pos is not None:
+        if self.block.diff_attn is not None:
+          x, _ = block(x, float(rates[i]), rope_i, mask, rel_pos,
+                       float(diffattn.lambda_init(i)))
+        elif rel_pos is not None:
           x, _ = block(x, float(rates[i]), rope_i, mask, rel_pos)
         elif mask is None:
           x, _ = block(x, float(rates[i]), rope_i)

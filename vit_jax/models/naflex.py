@@ -183,6 +183,44 @@ def grid_positions(grid, size: Tuple[int, int], kind: str,
   return out.reshape(h * w, d)
 
 
+def factorized_positions(pe_y, pe_x, coord, sizes, square: bool = False):
+  """A factorized position embedding's rows of every patch: (B, N, D)
+  float32. ``pe_y`` (H0, D) and ``pe_x`` (W0, D): the learned rows and
+  columns, each resized to its image's grid (``sizes`` (B, 2); ``square``:
+  both to its longer side, the first rows / columns kept) as PyTorch's
+  1-D ``F.interpolate(mode='linear', align_corners=False)`` (timm's
+  ``_apply_factorized_naflex_pos_embed``); patch (y, x) gets row y plus
+  column x (two taps of each table)."""
+  size = _resize_sizes(sizes, square)[:, None, :]  # (B, 1, 2)
+  out = 0.0
+  for table, n, pos in ((pe_y, size[..., 0], coord[..., 0]),
+                        (pe_x, size[..., 1], coord[..., 1])):
+    table = table.astype(jnp.float32)
+    i0, i1, w0, w1 = interpolate.bilinear_taps(table.shape[0], n, pos, False,
+                                               jnp)
+    out = out + (w0[..., None] * jnp.take(table, i0, axis=0) +
+                 w1[..., None] * jnp.take(table, i1, axis=0))
+  return out
+
+
+def factorized_grid_positions(pe_y, pe_x, size: Tuple[int, int],
+                              square: bool = False):
+  """A factorized position embedding for a static ``size`` (an image
+  batch's grid): (h*w, D) float32, row-major, with numpy matrices (timm's
+  ``_apply_factorized_pos_embed``: a table as it is where its length is
+  the grid's)."""
+  h, w = size
+  th, tw = (max(h, w),) * 2 if square else (h, w)
+  hi = lax.Precision.HIGHEST
+  rows = []
+  for table, n, keep in ((pe_y, th, h), (pe_x, tw, w)):
+    m = interpolate.resize_weights("bilinear", table.shape[0], n,
+                                   np.arange(n))[:keep]
+    rows.append(jnp.einsum("Hh,hd->Hd", jnp.asarray(m),
+                           table.astype(jnp.float32), precision=hi))
+  return (rows[0][:, None] + rows[1][None]).reshape(h * w, -1)
+
+
 class NaFlexPositionEmbs(nn.Module):
   """Adds the learned position grid ``pos_grid`` (1, H0, W0, D), resized to
   each image's patch grid, to the patch tokens (B, N, D).
@@ -192,6 +230,10 @@ class NaFlexPositionEmbs(nn.Module):
   (:func:`grid_positions`). ``kind``, ``square``, ``align_corners``: how
   the grid is resized (timm's ``pos_embed_interp_mode`` / ``antialias``,
   ``pos_embed_ar_preserving``, ``pos_embed_align_corners``).
+  ``factorized``: learned rows ``pos_y`` (1, H0, D) and columns ``pos_x``
+  (1, W0, D) instead of the grid, each resized by linear interpolation
+  (``kind`` 'bilinear', the 1-D taps) and added (timm's
+  ``pos_embed='factorized'``; :func:`factorized_positions`).
   """
 
   grid_size: Tuple[int, int]
@@ -199,11 +241,23 @@ class NaFlexPositionEmbs(nn.Module):
   square: bool = False
   align_corners: bool = False
   param_dtype: Dtype = jnp.float32
+  factorized: bool = False
 
   @nn.compact
   def __call__(self, x, *, grid: Optional[Tuple[int, int]] = None,
                coord=None, valid=None):
     d = x.shape[-1]
+    if self.factorized:
+      init = nn.initializers.normal(stddev=0.02)
+      pe_y, pe_x = (self.param(name, init, (1, n, d), self.param_dtype)[0]
+                    for name, n in (("pos_y", self.grid_size[0]),
+                                    ("pos_x", self.grid_size[1])))
+      if coord is None:
+        pos = factorized_grid_positions(pe_y, pe_x, grid, self.square)[None]
+      else:
+        pos = factorized_positions(pe_y, pe_x, coord,
+                                   grid_sizes(coord, valid), self.square)
+      return x + pos.astype(x.dtype)
     shape = (1, *self.grid_size, d)
     if self.has_variable("params", "pos_grid"):
       have = tuple(self.get_variable("params", "pos_grid").shape)
@@ -223,10 +277,20 @@ class NaFlexPositionEmbs(nn.Module):
     return x + pos.astype(x.dtype)
 
 
-def check_kind(kind: Optional[str], square: bool, align_corners: bool) -> None:
+def check_kind(kind: Optional[str], square: bool, align_corners: bool,
+               factorized: bool = False) -> None:
   """A clear error for an unknown resize or an impossible combination."""
   if kind is None:
+    if factorized:
+      raise ValueError("naflex_factorized: a factorized position embedding "
+                       "is a NaFlex model's (naflex='bilinear')")
     return
+  if factorized and (kind != "bilinear" or align_corners):
+    raise ValueError(
+        f"naflex_factorized: the rows and columns are resized by linear "
+        f"interpolation (timm's pos_embed='factorized'): it needs "
+        f"naflex='bilinear' without naflex_align_corners, not "
+        f"naflex={kind!r}, naflex_align_corners={align_corners}")
   if kind not in RESIZE_KINDS:
     raise ValueError(f"naflex={kind!r}: expected None or one of "
                      f"{RESIZE_KINDS} (how each image's position grid is "
@@ -255,5 +319,6 @@ def pad_to(inputs: Mapping[str, Any], length: int) -> dict:
 
 
 __all__ = ["KEYS", "RESIZE_KINDS", "NaFlexPositionEmbs", "attention_bias",
+           "factorized_grid_positions", "factorized_positions",
            "grid_positions", "grid_sizes", "is_naflex_input", "key_mask",
            "masked_mean", "pad_to", "positions", "unpack"]

@@ -62,7 +62,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from vit_jax.models import cait as cait_lib
+from vit_jax.models import cait as cait_lib, diffattn
 from vit_jax.models import mbconv as mbconv_lib
 from vit_jax.models import naflex as naflex_lib, resnet as resnet_lib
 from vit_jax.models import relpos, rope as rope_lib, sam as sam_lib
@@ -73,6 +73,11 @@ from vit_jax.models.layers import (  # noqa: F401  (re-exported building blocks)
 
 Array = Any
 Dtype = Any
+
+# How a parallel block projects its attention and MLP outputs (timm's
+# ParallelScalingBlock: two projections; fuse_out_proj /
+# DiffParallelScalingBlock: one).
+PARALLEL = ("split", "fused")
 
 __all__ = ["ConvStemConfig", "VisionTransformer", "feature_take_indices",
            "pair"]
@@ -271,6 +276,13 @@ class VisionTransformer(nn.Module):
       preserving``, RADIO). The prefix tokens get no position; padding is
       masked out of every attention and of the pooling. NHWC images work
       too (one grid for the batch, no mask). See :mod:`vit_jax.models.naflex`.
+    naflex_factorized: a factorized position embedding instead of the grid
+      (timm's ``pos_embed='factorized'``: ``naflexvit_*_parfac_*``):
+      learned rows ``posembed_input/pos_y`` (1, H0, D) and columns
+      ``pos_x`` (1, W0, D) of the ``naflex_grid`` size, each resized to the
+      image's grid by linear interpolation (``naflex='bilinear'``; with
+      ``naflex_square`` both to its longer side, the first kept), and
+      patch (y, x) gets row y plus column x.
 
   Segment Anything's image encoder (timm's ``samvit_*``; ViTDet), whose
   options attend over the patch grid (no prefix tokens; see
@@ -307,6 +319,33 @@ class VisionTransformer(nn.Module):
       ``'linear'`` (from 0 at the first block to the rate at the last) or
       ``'constant'`` (every block at the rate: CaiT's). Part of the
       architecture record (timm's CaiT fixes it).
+
+  timm's small SBB ViTs (``vit_dwee_*``, ``vit_dlittle_*``, ``vit_pwee_*``,
+  ``vit_dpwee_*``), ViT-22B's parallel blocks (``vit_*_xp_*``):
+
+    diff_attn: differential attention in the blocks (timm's
+      ``attn_layer='diff'``, ``DiffAttention``): each head's queries and
+      keys are two half-width heads whose softmax maps are subtracted, the
+      second scaled by a learned lambda, before the values; the heads'
+      outputs through an RMSNorm (``sub_norm``, epsilon 1e-5) scaled by
+      ``1 - lambda_init`` (``0.8 - 0.6 exp(-0.3 depth)``, the block's
+      index). ``'qk'``: lambda from four learned vectors (the paper's;
+      ``lambda_q1``, ``lambda_k1``, ``lambda_q2``, ``lambda_k2`` of half a
+      head), ``'dual'``: from two learned scalars (timm's ``dual_lambda``;
+      ``lambda_a``, ``lambda_b``), in each block's attention with
+      ``sub_norm/scale``. Runs as XLA ops with the maps materialised
+      (``attention_impl='cudnn'`` is refused). See
+      :mod:`vit_jax.models.diffattn`.
+    parallel: the attention and the MLP side by side in one residual
+      branch from one norm, x + LS(MHSA(LN(x)) + MLP(LN(x))) (timm's
+      ``ParallelScalingBlock``, ViT-22B's; its fused ``in_proj`` is our
+      query / key / value and ``MlpBlock_0/Dense_0``): no ``LayerNorm_1``,
+      one LayerScale (``LayerScale_0``). ``'split'``: the attention's and
+      the MLP's output projections each with a bias (timm's
+      ``attn_out_proj`` / ``mlp_out_proj``); ``'fused'``: one projection
+      of both (timm's ``out_proj``; ``DiffParallelScalingBlock``) whose
+      one bias is the attention's ``out`` (``MlpBlock_0/Dense_1`` has
+      none).
 
   ``image_size`` not a multiple of the patch (SigLIP so400m/14 at 384): the
   patch convolution leaves the last pixels out, as timm's and torchvision's
@@ -382,6 +421,7 @@ class VisionTransformer(nn.Module):
   naflex_square: bool = False
   naflex_align_corners: bool = False
   naflex_grid: Tuple[int, int] = (16, 16)
+  naflex_factorized: bool = False
   window_size: int = 0
   global_attn_indexes: Tuple[int, ...] = ()
   rel_pos: bool = False
@@ -389,6 +429,8 @@ class VisionTransformer(nn.Module):
   talking_heads: bool = False
   class_attn_layers: int = 0
   drop_path_schedule: str = "linear"
+  diff_attn: Optional[str] = None
+  parallel: Optional[str] = None
 
   @property
   def has_class_token(self) -> bool:
@@ -455,9 +497,9 @@ class VisionTransformer(nn.Module):
       raise ValueError("no_embed_registers: the position embedding covers "
                        "the class token but not the registers; it needs "
                        "registers and no_embed_class=False")
+    naflex_lib.check_kind(self.naflex, self.naflex_square,
+                          self.naflex_align_corners, self.naflex_factorized)
     if self.naflex is not None:
-      naflex_lib.check_kind(self.naflex, self.naflex_square,
-                            self.naflex_align_corners)
       if self.conv_stem or not self.abs_pos_embed:
         raise ValueError("naflex: a NaFlex model has a single patchify "
                          "layer and a learned position grid (no conv_stem, "
@@ -468,12 +510,33 @@ class VisionTransformer(nn.Module):
       self._check_mbconv()
     sam_lib.check(self)
     cait_lib.check(self)
+    diffattn.check(self)
+    if self.parallel is not None:
+      self._check_parallel()
     if self.conv_stem:
       stride = int(np.prod([c.stride for c in self.conv_stem]))
       if stride != self.patch_size:
         raise ValueError(
             f"conv_stem strides multiply to {stride}, but patch_size is "
             f"{self.patch_size}: they must be equal")
+
+  def _check_parallel(self):
+    if self.parallel not in PARALLEL:
+      raise ValueError(f"parallel={self.parallel!r}: expected None, 'split' "
+                       f"(the attention's and the MLP's own output "
+                       f"projections) or 'fused' (one projection of both, "
+                       f"one bias)")
+    clash = [k for k, on in (
+        ("post_norm", self.post_norm),
+        ("proj_bias=False (timm's parallel blocks have output biases)",
+         not self.proj_bias),
+        ("SAM's windows or relative positions",
+         bool(self.window_size) or self.rel_pos),
+        ("class_attn_layers", bool(self.class_attn_layers)),
+    ) if on]
+    if clash:
+      raise ValueError(f"parallel (the attention and the MLP side by side) "
+                       f"cannot be combined with {', '.join(clash)}")
 
   def _check_resnet(self):
     if not isinstance(self.resnet, resnet_lib.ResNetConfig):

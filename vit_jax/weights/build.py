@@ -161,6 +161,8 @@ _SHOWN = (
                                                            True))),
     ("learned RoPE frequencies", lambda a: a.get("rope") == "mixed"),
     ("a NaFlex position grid", lambda a: a.get("naflex") is not None),
+    ("a factorized position embedding",
+     lambda a: bool(a.get("naflex_factorized"))),
     ("a conv stem", lambda a: bool(a.get("conv_stem"))),
     ("a ViTamin stem", lambda a: a.get("mbconv") is not None),
     ("a norm of the MLP's input", lambda a: bool(a.get("mlp_input_norm"))),
@@ -170,6 +172,8 @@ _SHOWN = (
     ("a SAM neck", lambda a: bool(a.get("neck_chans"))),
     ("class-attention blocks", lambda a: int(a.get("class_attn_layers") or 0)),
     ("talking-heads attention", lambda a: bool(a.get("talking_heads"))),
+    ("differential attention", lambda a: a.get("diff_attn") or "none"),
+    ("parallel blocks", lambda a: a.get("parallel") or "none"),
 )
 # What only the name decides, compared where the weights come with a record
 # of it (a training checkpoint, our safetensors).
@@ -531,7 +535,8 @@ def from_state_dict(state_dict, name: Optional[str] = None, *,
   heads = _heads(name, overrides.get("num_heads"), hints,
                  _width(table, sd), layouts.shown_heads(sd))
   flat, _ = mapping.to_ours(table, sd, {
-      "model": heads, "map": int(hints.get("map_heads") or heads)})
+      "model": heads, "map": int(hints.get("map_heads") or heads),
+      "heads_width": (heads, _width(table, sd))})
   variables = trees.unflatten(flat)
   if "params" not in variables:
     raise ValueError(f"Not a {layout} ViT state dict: none of its keys maps "

@@ -18,14 +18,16 @@ import numpy as np
 
 from vit_jax.models import resnet as resnet_lib
 from vit_jax.weights.mapping import (
-    DENSE, GRID_ROWS, GRID_TOKENS, HEADS, HEADS_BIAS, LINEAR_PATCH, RAW, Layout, Repeat,
-    Row, const, conv, dense, expand, fused_qkv, norm, out_proj, part,
-    split_qkv, zeros)
+    DENSE, FUSED_OUT, GRID_ROWS, GRID_TOKENS, HEADS, HEADS_BIAS, IN_PROJ,
+    IN_PROJ_BIAS, LINEAR_PATCH, RAW, Layout, Repeat, Row, const, conv, dense,
+    expand, fused_qkv, norm, out_proj, part, split_qkv, zeros)
 
 E = "params/Transformer/encoderblock_{i}/"  # our block
 ATTN = E + "MultiHeadDotProductAttention_0"
 POS = "params/Transformer/posembed_input/pos_embedding"
 POS_GRID = "params/Transformer/posembed_input/pos_grid"  # NaFlex
+POS_Y = "params/Transformer/posembed_input/pos_y"  # ... factorized
+POS_X = "params/Transformer/posembed_input/pos_x"
 MAP = "params/MAPHead_0/"
 
 
@@ -193,23 +195,83 @@ _TIMM_RESNET = (
 )
 
 
+def _block_has(path):
+  """``Row.when``: the encoder's blocks (all alike: the first's) have
+  ``path`` (one lookup: it is asked for every row of every block)."""
+  key = "params/Transformer/encoderblock_0/" + path
+  return lambda flat: key in flat
+
+
+def _both(rows, when):
+  """``rows`` written only where ``when`` holds too."""
+  def both(first):
+    return when if first is None else lambda f: first(f) and when(f)
+  return tuple(dataclasses.replace(r, when=both(r.when)) for r in rows)
+
+
+_SERIAL = _block_has("LayerNorm_1/scale")  # a parallel block has one norm
+_PARALLEL = lambda flat: not _SERIAL(flat)  # noqa: E731
+_MLP_OUT_BIAS = _block_has("MlpBlock_0/Dense_1/bias")  # none: fused
+_LAMBDAS = ("lambda_a", "lambda_b", "lambda_q1", "lambda_k1", "lambda_q2",
+            "lambda_k2")
+
+
+def _diff_rows(theirs: str):
+  """Differential attention's lambdas (timm's ``DiffAttention``, or
+  ``DiffParallelScalingBlock``'s own) under ``theirs``."""
+  return tuple(Row(theirs + n, (f"{ATTN}/{n}",)) for n in _LAMBDAS)
+
+
 def _timm_block(attention=()):
   """A timm ``Block``'s rows (VisionTransformer's; ``RelPosBlock``'s):
   ``attention``, the attention's own extra rows, come before its ``proj``
-  (timm's relative position MLP or table)."""
-  return (
+  (timm's relative position MLP or table); differential attention's
+  lambdas before its ``qkv``, its ``sub_norm`` after ``proj``. Then
+  ``ParallelScalingBlock``'s / ``DiffParallelScalingBlock``'s (a tree whose
+  blocks have one norm): the fused ``in_proj`` (the MLP's first layer and
+  q, k, v; ``mlp_bias`` where there is no q/k/v bias), ``attn_out_proj`` /
+  ``mlp_out_proj`` or one ``out_proj`` of both (an MLP without an output
+  bias), one LayerScale ``ls``."""
+  mlp0 = E + "MlpBlock_0/Dense_0"
+  serial = (
       *norm(_TM + "norm1.", E + "LayerNorm_0"),
+      *_diff_rows(_TM + "attn."),
       *fused_qkv(_TM + "attn.qkv.weight", _TM + "attn.qkv.bias", ATTN),
       *norm(_TM + "attn.q_norm.", ATTN + "/query_ln"),
       *norm(_TM + "attn.k_norm.", ATTN + "/key_ln"),
       *norm(_TM + "attn.norm.", ATTN + "/inner_norm"),
       *attention,
       *out_proj(_TM + "attn.proj.", ATTN),
+      Row(_TM + "attn.sub_norm.weight", (ATTN + "/sub_norm/scale",)),
       Row(_TM + "ls1.gamma", (E + "LayerScale_0/scale",)),
       *norm(_TM + "norm2.", E + "LayerNorm_1"),
       *_fix_mlp_rows(_timm_mlp(_TM + "mlp.")),
       Row(_TM + "ls2.gamma", (E + "LayerScale_1/scale",)),
   )
+  parallel = (
+      Row(_TM + "mlp_bias", (mlp0 + "/bias",),
+          when=lambda f: not _block_has(
+              "MultiHeadDotProductAttention_0/query/bias")(f)),
+      *_diff_rows(_TM),
+      *norm(_TM + "in_norm.", E + "LayerNorm_0"),
+      Row(_TM + "in_proj.weight", (mlp0 + "/kernel",) + tuple(
+          f"{ATTN}/{q}/kernel" for q in ("query", "key", "value")), IN_PROJ),
+      Row(_TM + "in_proj.bias", (mlp0 + "/bias",) + tuple(
+          f"{ATTN}/{q}/bias" for q in ("query", "key", "value")),
+          IN_PROJ_BIAS, heads="heads_width"),
+      *norm(_TM + "q_norm.", ATTN + "/query_ln"),
+      *norm(_TM + "k_norm.", ATTN + "/key_ln"),
+      Row(_TM + "sub_norm.weight", (ATTN + "/sub_norm/scale",)),
+      *_both((*out_proj(_TM + "attn_out_proj.", ATTN),
+              *dense(_TM + "mlp_out_proj.", E + "MlpBlock_0/Dense_1")),
+             _MLP_OUT_BIAS),
+      *_both((Row(_TM + "out_proj.weight", (
+          ATTN + "/out/kernel", E + "MlpBlock_0/Dense_1/kernel"), FUSED_OUT),
+              Row(_TM + "out_proj.bias", (ATTN + "/out/bias",))),
+             lambda f: not _MLP_OUT_BIAS(f)),
+      Row(_TM + "ls.gamma", (E + "LayerScale_0/scale",)),
+  )
+  return _both(serial, _SERIAL) + _both(parallel, _PARALLEL)
 
 
 # timm's VisionTransformer (and VisionTransformerDistilled): classic ViTs,
@@ -234,7 +296,6 @@ TIMM = Layout("timm", rows=(
 ), aliases=((r"^module\.", ""),), resample="timm",
    fixed=tuple((f"resnet.{k}", v) for k, v in resnet_lib.TIMM.items()),
    unsupported=(
-    (".lambda_", "differential attention"),
     ("patch_embed.backbone.", "a CNN backbone other than BiT's ResNetV2 stem "
      "(timm's vit_*_resnet*d_* and vit_base_mci_*; the R50+ViT hybrids "
      "vit_*_r50_* / _r26_* / vit_tiny_r_* and ViTamin's vitamin_* load)"),
@@ -307,13 +368,16 @@ def is_vitamin_tree(flat) -> bool:
 # timm's NaFlexVit (SigLIP 2 NaFlex, C-RADIO's naflexvit_*, timm's own
 # NaFlex ViTs): VisionTransformer's blocks and heads; the embedding module
 # ``embeds`` holds the tokens, a Linear over pre-cut (y, x, channel)
-# patches (our conv kernel, flattened) and the position grid (1, H, W, D).
+# patches (our conv kernel, flattened) and the position grid (1, H, W, D),
+# or its factorized rows (1, H, D) and columns (1, W, D).
 _TIMM_EMBEDDING_KEYS = ("cls_token", "reg_token", "pos_embed", "dist_token",
                         "patch_embed.")
 TIMM_NAFLEX = Layout("timm_naflex", rows=(
     Row("embeds.cls_token", ("params/cls",)),
     Row("embeds.reg_token", ("params/registers",)),
     Row("embeds.pos_embed", (POS_GRID,)),
+    Row("embeds.pos_embed_y", (POS_Y,)),  # pos_embed='factorized'
+    Row("embeds.pos_embed_x", (POS_X,)),
     *dense("embeds.proj.", "params/embedding", op=LINEAR_PATCH),
     *norm("embeds.norm.", "params/embedding_norm"),
     *(r for r in TIMM.rows
@@ -321,8 +385,6 @@ TIMM_NAFLEX = Layout("timm_naflex", rows=(
           _TIMM_EMBEDDING_KEYS)),
 ), aliases=((r"^module\.", ""),), unsupported=(
     *TIMM.unsupported,
-    ("embeds.pos_embed_y", "a factorized position embedding (timm's "
-     "naflexvit_*_parfac_*)"),
     ("embeds.norm_input", "a norm of the input patches"),
 ))
 
@@ -619,7 +681,7 @@ def timm_layout_of(flat) -> str:
   DeiT-III's tree) is VisionTransformer's; :func:`timm_layout_for_name`
   says Eva's by name."""
   keys = list(flat)
-  if POS_GRID in keys:
+  if POS_GRID in keys or POS_Y in keys:
     return "timm_naflex"
   if any(k.startswith("params/Transformer/classblock_") for k in keys):
     return "timm_cait"
@@ -632,6 +694,8 @@ def timm_layout_of(flat) -> str:
     return "timm_sam"
   if is_vitamin_tree(keys):
     return "timm_vitamin"
+  if _PARALLEL(keys) or any("/lambda_" in k for k in keys):
+    return "timm"  # ParallelScalingBlock, DiffAttention: VisionTransformer's
   if (not any("posembed_input" in k for k in keys) or
       "params/Transformer/rope_freqs" in keys):
     return "timm_eva"
@@ -1058,6 +1122,11 @@ def transformers_layout_of(arch: Mapping[str, Any]) -> str:
     raise ValueError("transformers has no CaiT (talking-heads attention, "
                      "class-attention blocks): export it with to_timm "
                      "(timm's Cait) or in our own layout.")
+  if arch.get("diff_attn") or arch.get("parallel"):
+    raise ValueError("transformers has no differential attention nor "
+                     "parallel blocks (timm's vit_dwee_*, vit_pwee_*, "
+                     "vit_*_xp_*): export it with to_timm (timm's "
+                     "VisionTransformer) or in our own layout.")
   if arch.get("rel_pos_mlp") or (arch.get("rel_pos_bias") and
                                   not arch.get("class_token", True)):
     raise ValueError("transformers has no relative position bias from an "
@@ -1070,6 +1139,10 @@ def transformers_layout_of(arch: Mapping[str, Any]) -> str:
                      "(timm's vitamin_*) or in our own layout.")
   if arch.get("rel_pos_bias"):
     return "transformers_beit"
+  if arch.get("naflex_factorized"):
+    raise ValueError("transformers has no factorized position embedding "
+                     "(timm's naflexvit_*_parfac_*): export it with to_timm "
+                     "(timm's NaFlexVit) or in our own layout.")
   if arch.get("naflex"):
     return "transformers_siglip2"
   if arch.get("neck_chans") or arch.get("rel_pos") or arch.get("window_size"):
@@ -1189,6 +1262,9 @@ TIMM_SIZES = {
     "giant": (1408, 40), "gigantic": (1664, 48), "so400m": (1152, 27),
     "so150m": (896, 18), "so150m2": (832, 21), "little": (320, 14),
     "wee": (256, 14), "giantopt": (1536, 40),
+    # timm's SBB ViTs with differential attention (d), parallel blocks (p).
+    "dwee": (256, 14), "pwee": (256, 16), "dpwee": (256, 16),
+    "dlittle": (320, 14),
     "small_plus": (384, 12), "huge_plus": (1280, 32), "7b": (4096, 40),
     "1b": (2048, 24), "3b": (3072, 24), "enormous": (1792, 64),
 }
@@ -1330,6 +1406,9 @@ TIMM_FAMILIES = (
     # models aspect-preserving too.
     (r"^naflexvit_", dict(naflex="bicubic_aa")),
     (r"^naflexvit_.*_par_", dict(naflex_square=True)),
+    # The factorized position embedding (its rows and columns resized by
+    # linear interpolation), aspect-preserving.
+    (r"^naflexvit_.*_parfac_", dict(naflex="bilinear", naflex_square=True)),
     (r"^naflexvit_.*_siglip", dict(naflex="bilinear_aa", act="gelu_tanh")),
     (r"^naflexvit_.*_radio_v\d", dict(naflex="bilinear", naflex_square=True)),
     (r"^naflexvit_(base|huge)_patch16_radio_v3",
@@ -1470,14 +1549,15 @@ def _parse_hybrid_name(base: str) -> Optional[Dict[str, Any]]:
 # timm models of the same classes that vit_jax does not compute (yet): the
 # name is refused, saying what it is, rather than loaded as a lookalike.
 TIMM_UNSUPPORTED = (
-    (r"_sapiens2$", "Sapiens2 (grouped-query attention, attention-only "
-                    "LayerScale)"),
+    (r"_sapiens2$", "Sapiens2 (timm's Eva with grouped-query attention "
+                    "in its middle blocks: fewer key/value heads than "
+                    "query heads there, a number per block (num_kv_heads), "
+                    "where vit_jax's blocks share one configuration; and "
+                    "LayerScale on the attention branch only)"),
     (r"^vit_\w+_(resnet\d+d|mci)_", "a CNN backbone other than BiT's "
                                    "ResNetV2 stem (the R50+ViT hybrids "
                                    "vit_*_r50_* / _r26_* / vit_tiny_r_* "
                                    "and ViTamin's vitamin_* load)"),
-    (r"^naflexvit_.*_parfac_", "a factorized NaFlex position embedding "
-                               "(timm's pos_embed='factorized')"),
     (r"^samvit_base_patch16_224$", "SAM's ViT without its conv neck (a "
                                    "channel LayerNorm of epsilon 1e-6 after "
                                    "blocks of 1e-5; no released weights)"),
@@ -1504,14 +1584,17 @@ def refuse_unsupported_timm(name: str, error=ValueError) -> None:
         f"families: ViT / AugReg, DeiT (incl. distilled), DeiT-III, "
         f"DINOv2 (incl. giant), DINOv3, EVA-02 (T/S/B/L, CLIP B/L), "
         f"Perception Encoder, AIMv2, CLIP, SigLIP / SigLIP 2 (incl. "
-        f"NaFlex), C-RADIO (incl. NaFlex), timm's NaFlexVit, BEiT / BEiT "
+        f"NaFlex), C-RADIO (incl. NaFlex), timm's NaFlexVit (incl. its "
+        f"factorized position embedding, naflexvit_*_parfac_*), BEiT / BEiT "
         f"v2 / BEiT-3, SAM's image encoder (samvit_*), CaiT (cait_*), "
         f"timm's relative-position ViTs (vit_relpos_*, vit_srelpos_*), "
         f"FlexiViT (flexivit_*), EVA-01 (eva_giant_*, eva_large_*), timm's "
         f"test_vit / test_vit2 / test_vit3, "
         f"timm's SBB RoPE ViTs (vit_*_rope_reg*_gap_256), Naver's RoPE-ViT "
         f"(vit_*_patch16_rope[_mixed][_ape]_224), LingBot-Vision "
-        f"(vit_*_patch16_lingbot), ViTamin (vitamin_*).")
+        f"(vit_*_patch16_lingbot), ViTamin (vitamin_*), "
+        f"differential attention and parallel blocks (vit_dwee_*, "
+        f"vit_dlittle_*, vit_pwee_*, vit_dpwee_*, vit_*_xp_*).")
 
 
 # timm names whose weights load into another timm class than their tree

@@ -73,6 +73,55 @@ OUT = Op("out", lambda x, h: [x.T.reshape(h, -1, x.shape[0])],
          lambda s: (s[0][2], s[0][0] * s[0][1]))
 
 
+def _in_proj_split(x, width: int):
+  """timm's ``in_proj`` rows (MLP hidden, q, k, v) of a model of
+  ``width``: the four parts (the MLP's is the rest)."""
+  mlp = x.shape[0] - 3 * width
+  if mlp <= 0:
+    raise ValueError(f"{x.shape[0]} rows are no MLP + 3 x {width}")
+  return np.split(x, [mlp, mlp + width, mlp + 2 * width])
+
+
+def _in_proj_to_ours(x, h):
+  mlp, q, k, v = _in_proj_split(x, x.shape[1])
+  return [mlp.T] + [HEADS.to_ours(t, h)[0] for t in (q, k, v)]
+
+
+def _in_proj_bias_to_ours(x, heads_width):
+  h, width = heads_width
+  mlp, q, k, v = _in_proj_split(x, width)
+  return [mlp] + [t.reshape(h, -1) for t in (q, k, v)]
+
+
+# timm's ParallelScalingBlock ``in_proj`` (MLP hidden + 3 x D, D): the MLP's
+# first layer and q, k, v in one torch Linear <-> our MlpBlock_0/Dense_0
+# kernel (D, hidden) and query / key / value kernels (D, H, hd); its bias
+# (the rows' split needs the width: the row's heads are ``'heads_width'``,
+# (heads, width)) <-> Dense_0's bias and the q / k / v biases (H, hd).
+IN_PROJ = Op(
+    "in_proj", _in_proj_to_ours,
+    lambda o: np.concatenate([o[0].T] + [HEADS.to_theirs([t]) for t in o[1:]]),
+    lambda s: (s[0][1] + 3 * s[1][1] * s[1][2], s[0][0]))
+IN_PROJ_BIAS = Op(
+    "in_proj_bias", _in_proj_bias_to_ours,
+    lambda o: np.concatenate([o[0]] + [t.reshape(-1) for t in o[1:]]),
+    lambda s: (s[0][0] + 3 * s[1][0] * s[1][1],))
+
+
+def _fused_out_to_ours(x, h):
+  width = x.shape[0]
+  return [OUT.to_ours(x[:, :width], h)[0], x[:, width:].T]
+
+
+# timm's fused output projection of a parallel block (``out_proj``: D, D +
+# hidden, over [attention, MLP]) <-> our attention's out kernel (H, hd, D)
+# and MlpBlock_0/Dense_1's (hidden, D).
+FUSED_OUT = Op(
+    "fused_out", _fused_out_to_ours,
+    lambda o: np.concatenate([OUT.to_theirs([o[0]]), o[1].T], axis=1),
+    lambda s: (s[0][2], s[0][0] * s[0][1] + s[1][0]))
+
+
 def _patch_side(k: int) -> Tuple[int, int]:
   """(patch side, channels) of a flattened (P, P, C) patch of ``k`` values:
   3 channels (RGB) where ``k / 3`` is a square, else 1."""
@@ -469,7 +518,8 @@ def to_theirs(layout: Layout, flat: Mapping[str, Any]) -> "collections.OrderedDi
 
   def convert(op, vals):
     ins = [_float32(x) for x in vals]
-    out = np.ascontiguousarray(op.to_theirs(ins))
+    out = op.to_theirs(ins)  # (a scalar stays one: differential attention's)
+    out = np.ascontiguousarray(out).reshape(np.shape(out))
     # Their arrays are their own (contiguous, writable, no memory of ours),
     # copied only where the op did not make a new one.
     if not (out.flags.owndata and out.flags.writeable) or any(

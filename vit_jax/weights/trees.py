@@ -164,6 +164,7 @@ def arch_of(variables, *, conv_stem=None, patch_size=None,
     mlp = shape(mlp_block["Dense_0"]["kernel"])[-1]
     mlp_in = shape(mlp_block["Dense_1"]["kernel"])[0]
     norm0 = blk["LayerNorm_0"]
+    out = attn["out"]
   except (KeyError, TypeError) as e:
     raise ValueError(f"encoderblock_0 is not a ViT block (missing {e}); it "
                      f"has {sorted(blk)}") from None
@@ -201,7 +202,13 @@ def arch_of(variables, *, conv_stem=None, patch_size=None,
       rel_pos_bias=("shared" if "rel_pos_bias" in tr else
                     "block" if "rel_pos_bias" in attn else None),
       talking_heads="proj_l" in attn,
-      class_attn_layers=sum(1 for k in tr if _CLASS_BLOCK.match(k)))
+      class_attn_layers=sum(1 for k in tr if _CLASS_BLOCK.match(k)),
+      diff_attn=("dual" if "lambda_a" in attn else
+                 "qk" if "lambda_q1" in attn else None),
+      # Parallel blocks have one norm; a fused one's MLP no output bias.
+      parallel=(None if "LayerNorm_1" in blk else
+                "fused" if "bias" in out and "bias" not in mlp_block[
+                    "Dense_1"] else "split"))
   arch.update(_rel_pos_mlp_of(tr.get("rel_pos_bias",
                                      attn.get("rel_pos_bias", {}))))
   if gated:  # every released SwiGLU gates by SiLU; ViTamin's GeGLU
@@ -249,6 +256,13 @@ def arch_of(variables, *, conv_stem=None, patch_size=None,
   # joins the patches after the blocks: its embedding covers the patches.
   arch["no_embed_class"] = bool(arch["class_attn_layers"])
   if not arch["abs_pos_embed"] or arch["class_attn_layers"]:
+    return arch
+  if "pos_y" in tr["posembed_input"]:  # NaFlex, factorized: rows, columns
+    rows, cols = (int(np.shape(tr["posembed_input"][k])[1])
+                  for k in ("pos_y", "pos_x"))
+    # timm's (linear, aspect-preserving) unless the name says otherwise.
+    arch.update(naflex="bilinear", naflex_square=True,
+                naflex_factorized=True, naflex_grid=(rows, cols))
     return arch
   if "pos_grid" in tr["posembed_input"]:  # NaFlex: a grid resized per image
     shape = np.shape(tr["posembed_input"]["pos_grid"])
@@ -522,7 +536,8 @@ def describe(arch: Mapping[str, Any], name: Optional[str] = None,
     parts.append(f"relative position bias ({arch['rel_pos_bias']}{mlp})")
   if arch.get("naflex"):
     grid = arch.get("naflex_grid") or (16, 16)
-    parts.append(f"NaFlex ({arch['naflex']} from a {grid[0]}x{grid[1]} "
+    what = "factorized " if arch.get("naflex_factorized") else ""
+    parts.append(f"NaFlex ({arch['naflex']} from a {what}{grid[0]}x{grid[1]} "
                  f"grid{', square' if arch.get('naflex_square') else ''})")
   if arch.get("gated_mlp"):
     parts.append(f"gated MLP ({arch['gated_mlp']})")
@@ -535,6 +550,10 @@ def describe(arch: Mapping[str, Any], name: Optional[str] = None,
     parts.append(f"SAM neck {arch['neck_chans']}")
   if arch.get("talking_heads"):
     parts.append("talking heads")
+  if arch.get("diff_attn"):
+    parts.append(f"differential attention ({arch['diff_attn']})")
+  if arch.get("parallel"):
+    parts.append(f"parallel blocks ({arch['parallel']})")
   if arch.get("class_attn_layers"):
     parts.append(f"{arch['class_attn_layers']} class-attention blocks")
   if arch.get("norm_type", "layer") != "layer":

@@ -243,6 +243,8 @@ def _vit(model, image_size, distilled: bool):
       raise NoTwin("timm's post-norm block (ResPostBlock) has no LayerScale.")
     from timm.models.vision_transformer import ResPostBlock  # pylint: disable=import-outside-toplevel
     kw.update(block_fn=ResPostBlock, init_values=None)
+  if m.diff_attn is not None or m.parallel is not None:
+    kw.update(_diff_parallel(m))
   if m.resnet is not None:  # the R50+ViT hybrids
     kw.update(embed_layer=_hybrid_embed(m),
               patch_size=m.patch_size // m.resnet.stride)
@@ -251,6 +253,36 @@ def _vit(model, image_size, distilled: bool):
   if distilled:
     return VisionTransformerDistilled(**kw)
   return VisionTransformer(**kw)
+
+
+def _diff_parallel(m) -> dict:
+  """timm's VisionTransformer arguments of differential attention
+  (``attn_layer='diff'``; timm's ``dual_lambda`` through a subclass) and
+  parallel blocks (``ParallelScalingBlock``, ``fuse_out_proj``,
+  ``DiffParallelScalingBlock``)."""
+  from timm.layers import DiffAttention  # pylint: disable=import-outside-toplevel
+  from timm.models import vision_transformer as vt  # pylint: disable=import-outside-toplevel
+
+  dual = m.diff_attn == "dual"
+  if m.parallel is None:
+    if not dual:
+      return dict(attn_layer="diff")
+
+    class DualLambdaDiffAttention(DiffAttention):
+      def __init__(self, *args, **kwargs):
+        super().__init__(*args, dual_lambda=True, **kwargs)
+    return dict(attn_layer=DualLambdaDiffAttention)
+  _refuse("ParallelScalingBlock", [k for k, on in (
+      ("gated MLP", m.gated_mlp), ("norm inside the MLP", m.mlp_norm),
+      ("norm inside the attention", m.attn_norm),
+      ("differential attention with two output projections (its "
+       "DiffParallelScalingBlock has one)",
+       m.diff_attn is not None and m.parallel == "split")) if on])
+  if m.diff_attn is not None:
+    return dict(block_fn=functools.partial(vt.DiffParallelScalingBlock,
+                                           dual_lambda=dual))
+  return dict(block_fn=functools.partial(
+      vt.ParallelScalingBlock, fuse_out_proj=m.parallel == "fused"))
 
 
 def _act(name):

@@ -222,9 +222,16 @@ def depth_kwargs(name: str, depth: int) -> Dict[str, Any]:
   SAM's global blocks (timm's ``global_attn_indexes``, e.g. 2, 5, 8, 11
   for B) are past the second block, so at depth 2 the last block is made
   global, the first stays windowed (the loader reads which is which from
-  the rel-pos tables)."""
-  if name.split(".", 1)[0].startswith("samvit_"):
+  the rel-pos tables). Sapiens2's key/value heads are one per block
+  (``num_kv_heads``, its full depth's): up to 16 blocks timm's own rule
+  gives every block all its heads (grouped-query attention only between
+  the first and the last 8), which timm's attention reads from 0 (``0 or
+  num_heads``; create_model drops a None)."""
+  base = name.split(".", 1)[0]
+  if base.startswith("samvit_"):
     return {"global_attn_indexes": (depth - 1,)}
+  if base.endswith("_sapiens2") and depth <= 16:
+    return {"num_kv_heads": 0}
   return {}
 
 
