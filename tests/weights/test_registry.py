@@ -108,7 +108,6 @@ def test_computed_buffers_are_timms():
 # timm names of the families vit_jax maps that it refuses, and the feature
 # the refusal must name.
 REFUSED = {
-    "naflexvit_base_patch16_parfac_gap": "factorized NaFlex position",
     "vit_small_resnet26d_224": "CNN backbone other than BiT",
     "samvit_base_patch16_224": "without its conv neck",
     "vit_base_patch16_sapiens2": "a number per block (num_kv_heads)",
