@@ -170,6 +170,32 @@ def record_round_trip(model, variables, path: str):
   return record, back
 
 
+def timm_reference(model, name: str, size, scale=None):
+  """timm's ``model`` on random weights at the registry check's scales
+  (:class:`vit_jax.weights.verify.RandomWeights`: LayerScale, biases,
+  tokens far from timm's initial values), torch on one thread: (the model,
+  its state dict, NHWC images, NCHW images of ``size``, timm's
+  forward_features, timm's logits). ``scale``: ``{key: factor}`` applied
+  to the random values (e.g. frequencies in turns of a radian)."""
+  import torch  # pylint: disable=import-outside-toplevel
+  from vit_jax.weights import verify  # pylint: disable=import-outside-toplevel
+  threads = torch.get_num_threads()
+  torch.set_num_threads(1)
+  try:
+    sd = verify.RandomWeights(size=1 << 20).state_dict(model.state_dict())
+    for key, factor in (scale or {}).items():
+      if key in sd:
+        sd[key] = sd[key] * factor
+    model.load_state_dict(sd, strict=True)
+    x, xt = verify.inputs(name, model, size, batch=2)
+    with torch.no_grad():
+      feats = model.forward_features(xt).numpy()
+      logits = model.forward_head(torch.from_numpy(feats)).numpy()
+  finally:
+    torch.set_num_threads(threads)
+  return model, sd, x, xt, feats, logits
+
+
 def timm_logits(m, x):
   import torch  # pylint: disable=import-outside-toplevel
   with torch.no_grad():

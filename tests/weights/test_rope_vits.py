@@ -27,7 +27,7 @@ import pytest
 
 import vit_jax
 from compare import (assert_close_rel, assert_parity, features_and_logits,
-                     parameter_counts, record_round_trip)
+                     parameter_counts, record_round_trip, timm_reference)
 from vit_jax import formats, models
 from vit_jax.models import rope as rope_lib
 from vit_jax.weights import build, layouts, trees, twins, verify
@@ -98,22 +98,10 @@ def _built(case):
   """(timm model, its random state dict, NHWC images, NCHW images, timm's
   forward_features, timm's logits)."""
   if case not in _BUILT:
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
-      m = _timm_model(case)
-      sd = verify.RandomWeights(size=1 << 20).state_dict(m.state_dict())
-      if "rope.freqs" in sd:  # turns of a radian per patch, not a tenth
-        sd["rope.freqs"] = sd["rope.freqs"] * 10
-      m.load_state_dict(sd, strict=True)
-      x, xt = verify.inputs(CASES[case][0], m, _pixels(CASES[case][2]),
-                            batch=2)
-      with torch.no_grad():
-        feats = m.forward_features(xt).numpy()
-        logits = m.forward_head(torch.from_numpy(feats)).numpy()
-    finally:
-      torch.set_num_threads(threads)
-    _BUILT[case] = m, sd, x, xt, feats, logits
+    _BUILT[case] = timm_reference(_timm_model(case), CASES[case][0],
+                                  _pixels(CASES[case][2]),
+                                  # turns of a radian per patch, not a tenth
+                                  scale={"rope.freqs": 10})
   return _BUILT[case]
 
 

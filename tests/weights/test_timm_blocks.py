@@ -32,7 +32,7 @@ import numpy as np
 import pytest
 
 from compare import (assert_close_rel, assert_parity, features_and_logits,
-                     parameter_counts, record_round_trip)
+                     parameter_counts, record_round_trip, timm_reference)
 from vit_jax import formats, models
 from vit_jax.models import diffattn
 from vit_jax.weights import build, trees, twins, verify
@@ -127,19 +127,8 @@ def _built(case):
   """(timm model, its random state dict, NHWC images, NCHW images, timm's
   forward_features, timm's logits)."""
   if case not in _BUILT:
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
-      m = _timm_model(case)
-      sd = verify.RandomWeights(size=1 << 20).state_dict(m.state_dict())
-      m.load_state_dict(sd, strict=True)
-      x, xt = verify.inputs(CASES[case][0], m, SIZE, batch=2)
-      with torch.no_grad():
-        feats = m.forward_features(xt).numpy()
-        logits = m.forward_head(torch.from_numpy(feats)).numpy()
-    finally:
-      torch.set_num_threads(threads)
-    _BUILT[case] = m, sd, x, xt, feats, logits
+    _BUILT[case] = timm_reference(_timm_model(case), CASES[case][0],
+                                  SIZE)
   return _BUILT[case]
 
 
