@@ -40,6 +40,15 @@ if "VIT_JAX_TEST_XLA_CACHE" not in os.environ:
 os.environ["JAX_COMPILATION_CACHE_DIR"] = os.environ["VIT_JAX_TEST_XLA_CACHE"]
 os.environ["JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS"] = "0"
 
+# torch on one thread in the test processes and the processes they start
+# (unless OMP_NUM_THREADS is set): pytest-xdist runs one worker per core,
+# so the cores are busy already, and torch's idle OpenMP threads spin
+# between the suite's many small ops. The parity tests take 11 % less wall
+# time (tests/weights/test_families.py, test_parity.py, test_hybrid.py on
+# two workers: 227 / 227 s -> 203 / 199 s on an AMD Zen 1, alternated in one
+# command, all 81 passing either way).
+os.environ.setdefault("OMP_NUM_THREADS", "1")
+
 # torch/torchvision must be imported before TensorFlow: importing torchvision
 # (which loads triton) after TensorFlow crashes the process on this stack.
 # Test files import both, in an order pytest chooses, so fix it here.

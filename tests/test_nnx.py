@@ -10,7 +10,7 @@ import torch
 from flax import nnx
 
 import vit_jax.nnx as vnnx
-from compare import assert_close_rel, images, random_timm, timm_logits
+from compare import apply, assert_close_rel, images, random_timm, timm_logits
 from vit_jax import formats, weights
 
 
@@ -28,7 +28,7 @@ def test_nnx_module_computes_the_loaded_model(tmp_path):
   assert isinstance(module, nnx.Module)
   x = images(2, 56)
   got = np.asarray(module(jnp.asarray(x), train=False))
-  want = np.asarray(loaded.model.apply(loaded.variables, x, train=False))
+  want = apply(loaded.model, loaded.variables, x)
   assert_close_rel(got, want, rel=1e-6)  # the linen model's numbers
   assert_close_rel(got, timm_logits(tm, x))  # and so timm's
   feats = module.forward_features(jnp.asarray(x), train=False)

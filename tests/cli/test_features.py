@@ -13,7 +13,7 @@ import pytest
 import tensorflow as tf
 import tensorflow_datasets as tfds
 
-from compare import perturb
+from compare import init, perturb
 from train_helpers import digits_data_dir, run_python
 from vit_jax import features, formats, inference, models, probe
 from vit_jax.data import transforms
@@ -28,8 +28,7 @@ def ckpt(tmp_path_factory):
   model = models.get_model("vit_ti_4", num_layers=2, hidden_size=32,
                            num_heads=2, mlp_dim=64, num_classes=10,
                            num_registers=2)
-  variables = perturb(model.init(jax.random.key(0),
-                                 jnp.zeros((1, SIZE, SIZE, 3))), std=0.3)
+  variables = perturb(init(model, SIZE), std=0.3)
   path = str(tmp_path_factory.mktemp("feat") / "random.safetensors")
   formats.save_safetensors(variables, path, model=model)
   return path
@@ -297,7 +296,7 @@ def test_dinov3_features_probe_and_pca_picture(data_dir, tmp_path, capsys,
   timm = pytest.importorskip("timm")
   import torch  # pylint: disable=import-outside-toplevel
   from PIL import Image  # pylint: disable=import-outside-toplevel
-  from compare import perturb_torch  # pylint: disable=import-outside-toplevel
+  from compare import init, perturb_torch  # pylint: disable=import-outside-toplevel
   from vit_jax import visualize  # pylint: disable=import-outside-toplevel
   from vit_jax.data import preprocessing as pp  # pylint: disable=import-outside-toplevel
   torch.manual_seed(0)

@@ -11,7 +11,7 @@ import torchvision
 from torchvision.models.vision_transformer import ConvStemConfig as TvStem
 
 from vit_jax import convert, models
-from compare import assert_close_rel
+from compare import apply, assert_close_rel
 
 SIZE = 64
 REL = 1e-4
@@ -67,7 +67,7 @@ def test_eval_logits_match_torchvision(stem, record_property):
   x = images()
   with torch.no_grad():
     ref = m(torch.from_numpy(x)).numpy()
-  out = model.apply(variables, nhwc(x), train=False)
+  out = apply(model, variables, nhwc(x))
   record_property("rel_err", assert_close_rel(out, ref))
   # Same number of parameters as torchvision (BN running stats excluded).
   tv_params = sum(p.numel() for p in m.parameters())
@@ -80,7 +80,7 @@ def test_full_depth_vit_ti_16_with_stem_matches():
   x = images()
   with torch.no_grad():
     ref = m(torch.from_numpy(x)).numpy()
-  assert_close_rel(model.apply(variables, nhwc(x), train=False), ref)
+  assert_close_rel(apply(model, variables, nhwc(x)), ref)
 
 
 @pytest.mark.parametrize("stem", [
@@ -95,7 +95,7 @@ def test_strides_that_cannot_be_inferred_are_taken_from_conv_stem(stem):
   x = images()
   with torch.no_grad():
     ref = m(torch.from_numpy(x)).numpy()
-  assert_close_rel(model.apply(variables, nhwc(x), train=False), ref)
+  assert_close_rel(apply(model, variables, nhwc(x)), ref)
   # And back: torchvision built with the same strides, strict=True.
   tv = convert.to_torchvision_model(
       variables, "vit_ti_16", num_layers=2,

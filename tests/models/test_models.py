@@ -1,5 +1,6 @@
 """The Flax model on its own: variants, shapes, options, clear errors."""
 
+import functools
 import os
 import subprocess
 import sys
@@ -81,7 +82,8 @@ def _tiny(**kw):
 
 
 def _init(model, size=32, **kw):
-  return model.init(jax.random.key(0), jnp.zeros((1, size, size, 3)), **kw)
+  return jax.jit(functools.partial(model.init, **kw))(
+      jax.random.key(0), jnp.zeros((1, size, size, 3)))
 
 
 def test_forward_shapes_and_intermediates():

@@ -22,11 +22,14 @@ def _model(**kw):
 def _variables(model):
   v = models.init_params(model, 32)
   # Non-trivial values everywhere (the head and biases start at zero).
-  leaves, treedef = jax.tree_util.tree_flatten(v)
-  keys = jax.random.split(jax.random.key(7), len(leaves))
-  leaves = [a + 0.05 * jax.random.normal(k, a.shape, a.dtype)
-            for a, k in zip(leaves, keys)]
-  return jax.tree_util.tree_unflatten(treedef, leaves)
+  @jax.jit  # one program, not one per leaf
+  def noisy(v):
+    leaves, treedef = jax.tree_util.tree_flatten(v)
+    keys = jax.random.split(jax.random.key(7), len(leaves))
+    leaves = [a + 0.05 * jax.random.normal(k, a.shape, a.dtype)
+              for a, k in zip(leaves, keys)]
+    return jax.tree_util.tree_unflatten(treedef, leaves)
+  return noisy(v)
 
 
 def _images(n=2, size=32, seed=0):

@@ -30,7 +30,7 @@ import numpy as np
 import pytest
 
 import vit_jax
-from compare import images, perturb_torch, torch_in
+from compare import apply, images, perturb_torch, torch_in
 from reference import models_vit
 from vit_jax import formats, models, weights
 from vit_jax.data import preprocessing as pp
@@ -210,7 +210,7 @@ def test_our_hybrid_tree_runs_unchanged_in_googles_module():
   assert shapes(trees.flatten(theirs)) == shapes(
       trees.flatten(variables["params"]))
   x = images(2, SIZE, seed=2)
-  rel = _rel(ours.apply(variables, x), forward(variables, x))
+  rel = _rel(apply(ours, variables, x), forward(variables, x))
   print(f"\nGOOGLE module on our tree: logits rel err {rel:.2e}")
   assert rel < TOL
 
@@ -302,10 +302,10 @@ def test_timm_hybrid_both_ways(name, record_property):
   sd = m.state_dict()
   model, variables = formats.from_timm(sd, name, num_heads=HEADS)
   assert {k: getattr(model.resnet, k) for k in resnet.TIMM} == resnet.TIMM
-  rel = _rel(model.apply(variables, x), want)
-  rel_f = _rel(model.apply(variables, x, method=model.forward_features),
+  rel = _rel(apply(model, variables, x), want)
+  rel_f = _rel(apply(model, variables, x, method=model.forward_features),
                want_features)
-  other = _rel(_with(model, resnet.GOOGLE).apply(variables, x), want)
+  other = _rel(apply(_with(model, resnet.GOOGLE), variables, x), want)
   record_property("rel_err", max(rel, rel_f))
   print(f"\nTIMM {name}: logits {rel:.2e}, forward_features {rel_f:.2e} "
         f"(Google's constants: {other:.1e})")

@@ -16,7 +16,8 @@ import torch
 
 import hf_cache
 import vit_jax
-from compare import assert_close_rel, images, random_timm, timm_logits
+from compare import (apply, assert_close_rel, images, random_timm,
+                     timm_logits)
 from train_helpers import PYTHON, REPO, env
 from vit_jax import models, weights
 from vit_jax.data import labels
@@ -151,8 +152,7 @@ def test_create_model_pretrained_from_a_local_hub_cache(hub, name,
   loaded = vit_jax.create_model(name, pretrained=True)
   model, variables, pre = loaded
   x = images(2, size, seed=3)
-  assert_close_rel(np.asarray(model.apply(variables, x, train=False)),
-                   timm_logits(m, x), what=name)
+  assert_close_rel(apply(model, variables, x), timm_logits(m, x), what=name)
   assert loaded.info["pretrained"]["hub"] == rec.hub
   want = rec.preprocessing()  # the record's, at the stand-in's size
   assert (pre.mean, pre.std, pre.interpolation) == (want.mean, want.std,
@@ -203,8 +203,7 @@ def test_create_model_random_init_has_the_records_preprocessing():
   model, variables, pre = loaded
   assert model.num_classes == 5 and model.rope == "dinov3"
   assert pre.mean == (0.485, 0.456, 0.406) and pre.crop_size == 64
-  out = model.apply(variables, np.zeros((1, 64, 64, 3), np.float32),
-                    train=False)
+  out = apply(model, variables, np.zeros((1, 64, 64, 3), np.float32))
   assert out.shape == (1, 5)
   m, v, _ = vit_jax.create_model("vit_b_16", num_layers=1)
   assert m.hidden_size == 768 and "head" in v["params"]
