@@ -23,9 +23,9 @@ import pytest
 
 import vit_jax
 from compare import (assert_close_rel, assert_parity, features_and_logits,
-                     parameter_counts, record_round_trip)
+                     parameter_counts, record_round_trip, timm_reference)
 from vit_jax import formats, models
-from vit_jax.weights import trees, twins, verify
+from vit_jax.weights import trees, twins
 
 timm = pytest.importorskip("timm")
 torch = pytest.importorskip("torch")
@@ -53,19 +53,7 @@ def _timm_cait(sd=None):
 def cait():
   """(timm model, its state dict, NHWC images, NCHW images, timm's
   forward_features, timm's logits)."""
-  threads = torch.get_num_threads()
-  torch.set_num_threads(1)
-  try:
-    m = _timm_cait()
-    sd = verify.RandomWeights(size=1 << 20).state_dict(m.state_dict())
-    m.load_state_dict(sd, strict=True)
-    x, xt = verify.inputs(NAME, m, SIZE, batch=2)
-    with torch.no_grad():
-      feats = m.forward_features(xt).numpy()
-      logits = m.forward_head(torch.from_numpy(feats)).numpy()
-  finally:
-    torch.set_num_threads(threads)
-  return m, sd, x, xt, feats, logits
+  return timm_reference(_timm_cait(), NAME, SIZE)
 
 
 @pytest.fixture(scope="module")
