@@ -699,3 +699,101 @@ def test_mlp_hidden_layer_dtype_per_backend(backend, monkeypatch):
   assert got.dtype == jnp.bfloat16
   np.testing.assert_allclose(np.asarray(got, np.float32), ref,
                              atol=0.02 * float(jnp.abs(ref).max()))
+
+
+def test_widened_activations_are_autodiff_of_float32_with_one_rounding():
+  """Off the CPU a bfloat16 MLP's activation is one op each way:
+  ``widened_bias_gelu(y, bias)`` and ``widened(fn, h)`` compute in float32
+  and round once; their gradients are float32 autodiff's rounded to
+  bfloat16 (the bias gradient the float32 sum of the rounded one)."""
+  f32, bf16 = jnp.float32, jnp.bfloat16
+  y = (2.0 * jax.random.normal(jax.random.key(0), (3, 5, 64))).astype(bf16)
+  bias = 0.5 * jax.random.normal(jax.random.key(1), (64,))
+  w = jax.random.normal(jax.random.key(2), y.shape)
+
+  def ref(y, bias):
+    return layers.gelu(y.astype(f32) + bias)
+  got = kernels.widened_bias_gelu(y, bias)
+  assert got.dtype == bf16
+  np.testing.assert_array_equal(got, ref(y, bias).astype(bf16))
+  dy, db = jax.grad(lambda y, b: jnp.sum(
+      kernels.widened_bias_gelu(y, b).astype(f32) * w), argnums=(0, 1))(
+          y, bias)
+  # The reference's cotangent enters as bfloat16 too (the op's output is).
+  w16 = w.astype(bf16).astype(f32)
+  dy_want, db_want = jax.grad(lambda y, b: jnp.sum(ref(y, b) * w16),
+                              argnums=(0, 1))(y.astype(f32), bias)
+  assert dy.dtype == bf16 and db.dtype == f32
+  np.testing.assert_allclose(dy.astype(f32), dy_want, rtol=2 ** -7,
+                             atol=1e-6)
+  np.testing.assert_allclose(db, jnp.sum(dy.astype(f32), axis=(0, 1)),
+                             rtol=1e-6, atol=1e-6)
+  np.testing.assert_allclose(db, db_want, rtol=0.01,
+                             atol=0.002 * float(jnp.abs(dy_want).sum(
+                                 axis=(0, 1)).max()))
+  for name, fn in layers.ACTIVATIONS.items():
+    h = y[..., :32]
+    out = kernels.widened(fn, h)
+    np.testing.assert_array_equal(out, fn(h.astype(f32)).astype(bf16),
+                                  err_msg=name)
+    g = jax.grad(lambda h: jnp.sum(kernels.widened(fn, h).astype(f32) *
+                                   w[..., :32]))(h)
+    g_want = jax.grad(lambda h: jnp.sum(fn(h) * w16[..., :32]))(
+        h.astype(f32))
+    assert g.dtype == bf16, name
+    np.testing.assert_allclose(g.astype(f32), g_want, rtol=2 ** -7,
+                               atol=1e-6, err_msg=name)
+
+
+@pytest.mark.parametrize("act, gated", [("gelu", None), ("quick_gelu", None),
+                                        ("gelu", "split")])
+def test_bfloat16_mlp_off_the_cpu_trains_as_float32(act, gated, monkeypatch):
+  """A bfloat16 MLP with a GPU's forms (GEMMs writing bfloat16, the
+  activation one float32 op each way): its value and parameter gradients
+  close to the float32 MLP's, the parameter gradients float32."""
+  monkeypatch.setattr(jax, "default_backend", lambda: "gpu")
+  f32 = jnp.float32
+  cfg = dict(mlp_dim=64, act=act, gated_mlp=gated)
+  mlp16 = layers.MlpBlock(config=layers.BlockConfig(dtype=jnp.bfloat16,
+                                                    **cfg))
+  mlp32 = layers.MlpBlock(config=layers.BlockConfig(**cfg))
+  x = jax.random.normal(jax.random.key(0), (2, 5, 16))
+  w = jax.random.normal(jax.random.key(3), x.shape)
+  params = mlp32.init(jax.random.key(1), x)
+  params = jax.tree_util.tree_map(
+      lambda a: a + 0.1 * jnp.cos(jnp.arange(a.size).reshape(a.shape)),
+      params)
+  loss = lambda m: lambda p: jnp.sum(m.apply(p, x).astype(f32) * w)  # noqa
+  y16, y32 = mlp16.apply(params, x), mlp32.apply(params, x)
+  assert y16.dtype == jnp.bfloat16
+  np.testing.assert_allclose(y16.astype(f32), y32,
+                             atol=0.02 * float(jnp.abs(y32).max()))
+  g16, g32 = jax.grad(loss(mlp16))(params), jax.grad(loss(mlp32))(params)
+  for a, b in zip(jax.tree_util.tree_leaves(g16),
+                  jax.tree_util.tree_leaves(g32)):
+    assert a.dtype == f32
+    np.testing.assert_allclose(a, b, atol=0.02 * float(jnp.abs(b).max()))
+
+
+def test_layer_norm_off_the_cpu_on_rows_is_the_same_function(monkeypatch):
+  """Off the CPU LayerNorm runs on the (tokens, D) rows of a (B, N, D)
+  tensor: the same values and gradients as the CPU's form, and the same
+  shape; its program holds no 3-D reduction."""
+  ln = layers.LayerNorm()
+  x = 3.0 * jax.random.normal(jax.random.key(10), (2, 7, 48)) + 1.5
+  w = jax.random.normal(jax.random.key(11), x.shape)
+  params = jax.tree_util.tree_map(
+      lambda a: a + 0.3 * jnp.sin(jnp.arange(a.size)).reshape(a.shape),
+      ln.init(jax.random.key(12), x))
+  loss = lambda p, x: jnp.sum(ln.apply(p, x) * w)  # noqa: E731
+  grad = jax.grad(loss, argnums=(0, 1))
+  y_want, want = ln.apply(params, x), grad(params, x)
+  monkeypatch.setattr(jax, "default_backend", lambda: "gpu")
+  y_got, got = ln.apply(params, x), grad(params, x)
+  assert y_got.shape == x.shape
+  np.testing.assert_allclose(y_got, y_want, rtol=1e-6, atol=1e-6)
+  for a, b in zip(jax.tree_util.tree_leaves(got),
+                  jax.tree_util.tree_leaves(want)):
+    np.testing.assert_allclose(a, b, rtol=1e-6, atol=1e-6)
+  jaxpr = str(jax.make_jaxpr(grad)(params, x))
+  assert not re.search(r"reduce_sum\[[^\]]*axes=\(0, 1\)", jaxpr), jaxpr

@@ -161,9 +161,11 @@ _INV_SQRT_2PI = 0.3989422804014327
 
 
 def dense_gelu(x, kernel, bias, backend=None):
-  """``gelu(x @ kernel + bias)`` (exact erf GELU, torch's formula) for a
-  float32 MLP's first layer; other dtypes go through :func:`dense` and
-  ``layers.gelu`` unchanged.
+  """``gelu(x @ kernel + bias)`` (exact erf GELU, torch's formula) for an
+  MLP's first layer in float32, or in bfloat16/float16 off the CPU
+  (:func:`widened_bias_gelu`); otherwise None (the caller then uses
+  :func:`dense` and ``layers.gelu``). ``bias`` None: no bias (float32:
+  None).
 
   Left to autodiff, XLA:CPU computes the bias add and erf in one pass,
   writes erf out for the backward, and reads the GEMM's output again for
@@ -174,7 +176,15 @@ def dense_gelu(x, kernel, bias, backend=None):
   memory traffic of the MLP's (tokens, mlp_dim) tensors is what costs on a
   2-channel CPU (bench/ops.py)."""
   impl = choose_dense(backend or jax.default_backend(), x.dtype)
-  if impl not in ("plain", "plain_cpu") or x.dtype != jnp.float32:
+  if impl == "low":
+    # GPU / TPU, bfloat16: the GEMM writes bf16 without the bias, and the
+    # bias add and GELU run in float32 in one op with its own backward
+    # (:func:`widened_bias_gelu`).
+    no_bias = jnp.zeros(kernel.shape[-1:], kernel.dtype)
+    y = _dense_low(x, kernel, no_bias, x.dtype, False)
+    return widened_bias_gelu(y, no_bias if bias is None else bias)
+  if (impl not in ("plain", "plain_cpu") or x.dtype != jnp.float32
+      or bias is None):
     return None
   k = kernel.astype(x.dtype)
   y = matmul_cpu(x, k) if impl == "plain_cpu" else x @ k
@@ -239,15 +249,72 @@ def _bias_gelu_bwd(res, g):
   # write and two more reads of the (tokens, mlp_dim) tensor per layer than
   # recomputing it here (ViT-Ti/16 train step 1-1.6% faster, AVX2;
   # bench/README.md).
-  h = lax.optimization_barrier(y) + bias
-  # d/dh [h/2 (1 + erf(h/sqrt2))] = (1 + erf(h/sqrt2))/2 + h * phi(h)
-  d = 0.5 * (1.0 + lax.erf(h * _SQRT1_2)) + h * (
-      _INV_SQRT_2PI * jnp.exp(-0.5 * h * h))
-  dy = g * d
+  dy = g * _gelu_grad(lax.optimization_barrier(y) + bias)
   return dy, jnp.sum(dy.reshape(-1, dy.shape[-1]), axis=0)
 
 
+def _gelu_grad(h):
+  """d/dh [h/2 (1 + erf(h/sqrt2))] = (1 + erf(h/sqrt2))/2 + h * phi(h)."""
+  return 0.5 * (1.0 + lax.erf(h * _SQRT1_2)) + h * (
+      _INV_SQRT_2PI * jnp.exp(-0.5 * h * h))
+
+
 bias_gelu.defvjp(_bias_gelu_fwd, _bias_gelu_bwd)
+
+
+@jax.custom_vjp
+def widened_bias_gelu(y, bias):
+  """``gelu(y + bias)`` for a bfloat16/float16 ``y``: the add and GELU in
+  float32, the result rounded to ``y``'s dtype (the hidden layer of a
+  low-precision MLP off the CPU, as torch's autocast computes it).
+
+  Its backward recomputes GELU's derivative in float32 from ``y`` and the
+  bias and returns the input gradient in ``y``'s dtype, and the bias
+  gradient as that gradient's float32 sum (as torch's autocast has it:
+  the cotangent of a bf16 layer's output is bf16). On an H200 XLA still
+  writes the float32 product and rounds it in the bias sum's pass, as it
+  did for autodiff's form (the same speed; docs/accelerators.md)."""
+  h = y.astype(jnp.float32) + bias.astype(jnp.float32)
+  return (h * 0.5 * (1.0 + lax.erf(h * _SQRT1_2))).astype(y.dtype)
+
+
+def _widened_bias_gelu_fwd(y, bias):
+  return widened_bias_gelu(y, bias), (y, bias)
+
+
+def _widened_bias_gelu_bwd(res, g):
+  y, bias = res
+  f32 = jnp.float32
+  # The barrier, as in bias_gelu's backward: erf recomputed here, not
+  # written out by the forward.
+  h = lax.optimization_barrier(y).astype(f32) + bias.astype(f32)
+  dh = (g.astype(f32) * _gelu_grad(h)).astype(y.dtype)
+  dbias = jnp.sum(dh.reshape(-1, dh.shape[-1]).astype(f32), axis=0)
+  return dh, dbias.astype(bias.dtype)
+
+
+widened_bias_gelu.defvjp(_widened_bias_gelu_fwd, _widened_bias_gelu_bwd)
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(0,))
+def widened(fn, h):
+  """``fn(h)`` (an elementwise activation) computed in float32 and
+  returned in ``h``'s dtype; the backward recomputes ``fn``'s derivative
+  from ``h`` in float32 and returns the input gradient in ``h``'s dtype
+  (as :func:`widened_bias_gelu`)."""
+  return fn(h.astype(jnp.float32)).astype(h.dtype)
+
+
+def _widened_fwd(fn, h):
+  return widened(fn, h), h
+
+
+def _widened_bwd(fn, h, g):
+  _, vjp = jax.vjp(fn, lax.optimization_barrier(h).astype(jnp.float32))
+  return (vjp(g.astype(jnp.float32))[0].astype(h.dtype),)
+
+
+widened.defvjp(_widened_fwd, _widened_bwd)
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(3, 4))
