@@ -40,22 +40,37 @@ case "${1:-1}" in
      timeout 150 $A --skip pipeline e2e logits timm --batch 256 \
        --attention cudnn --scan off --steps 20 --torch-compile max-autotune \
        2>&1 | tee "$OUT/autotune.log" ;;
-  ab) # The working tree against a baseline, alternated, in one call:
+  ab) # The working tree ('new') against baselines, alternated, in one call:
       #   mkdir -p .ab/base && git archive BASE vit_jax bench configs \
       #     train.py | tar -x -C .ab/base   # .ab/ ignored, named in carry
-     timeout 150 python3 -m pytest -q -p no:cacheprovider \
-       tests/models/test_gpu.py 2>&1 | tail -15 | tee "$OUT/gpu_tests.log"
+      # TREES="base other new" compares .ab/base, .ab/other and the tree
+      # (TREES2: round 2's, default the same); TESTS=0 skips
+      # tests/models/test_gpu.py, TESTS=last runs it after the A/B; the
+      # new tree's round-2 step also dumps XLA's HLO around layout
+      # assignment (xla_layout.tgz).
+     gpu_tests() { timeout 150 python3 -m pytest -q -p no:cacheprovider \
+       tests/models/test_gpu.py 2>&1 | tail -15 | tee "$OUT/gpu_tests.log"; }
+     [ "${TESTS:-1}" = 1 ] && gpu_tests
      B="--skip pipeline e2e logits timm torch --batch 256 --attention cudnn \
        --scan off --steps 30"
      for r in 1 2; do
-       for t in base new; do
+       trees=${TREES:-base new}; [ $r = 2 ] && trees=${TREES2:-$trees}
+       for t in $trees; do
          echo "== $t, round $r"
-         d=.; [ $t = base ] && d=.ab/base
-         (cd $d && timeout 70 python3 bench/accelerator.py $B \
-           $([ $t$r = new2 ] && echo --profile /tmp/prof_new))
+         d=.; [ $t = new ] || d=.ab/$t
+         if [ $t$r = new2 ]; then
+           (cd $d && XLA_FLAGS="--xla_dump_to=/tmp/xd \
+             --xla_dump_hlo_pass_re=layout-assignment" timeout 70 python3 \
+             bench/accelerator.py $B --profile /tmp/prof_new)
+         else
+           (cd $d && timeout 70 python3 bench/accelerator.py $B)
+         fi
        done
      done 2>&1 | tee "$OUT/ab.log"
+     (cd /tmp/xd && tar czf "$OUT/xla_layout.tgz" \
+       $(ls | grep step_and_vote | grep layout-assignment))
      (cd /tmp/prof_new && tar czf "$OUT/jax_prof_new.tgz" jax/step.hlo.txt \
-       $(find jax -name "*.xplane.pb")) ;;
+       $(find jax -name "*.xplane.pb"))
+     [ "${TESTS:-1}" = last ] && gpu_tests ;;
 esac
 ls -la "$OUT"
