@@ -108,10 +108,10 @@ class LayerNorm(nn.Module):
                        self.param_dtype) if self.use_bias else None)
     out_dtype = self.dtype or jnp.result_type(x.dtype, self.param_dtype)
     if x.ndim > 2 and jax.default_backend() != "cpu":
-      # Off the CPU the norm runs on the (tokens, D) rows. On (B, N, D)
-      # tensors XLA:GPU laid the whole residual stream out batch-minor
-      # ({0,2,1}: its LayerNorm backward sums over batch and tokens) and
-      # transposed it around every GEMM: ViT-B/16's train step on an H200
+      # Off the CPU the norm runs on the (tokens, D) rows. With (B, N, D)
+      # norms XLA:GPU's layout assignment laid the whole residual stream
+      # out batch-minor ({0,2,1}) and transposed it around the norms and
+      # GEMMs, forward and backward: ViT-B/16's train step on an H200
       # ran 3,535 img/s with 2-D rows against 3,334-3,356 without
       # (docs/accelerators.md). The CPU's programs are unchanged.
       return kernels.layer_norm(x.reshape(-1, d), scale, bias, self.epsilon,
