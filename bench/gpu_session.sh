@@ -48,8 +48,9 @@ case "${1:-1}" in
       # tests/models/test_gpu.py, TESTS=last runs it after the A/B; the
       # new tree's round-2 step also dumps XLA's HLO around layout
       # assignment (xla_layout.tgz).
-     gpu_tests() { timeout 150 python3 -m pytest -q -p no:cacheprovider \
-       tests/models/test_gpu.py 2>&1 | tail -15 | tee "$OUT/gpu_tests.log"; }
+     gpu_tests() { { timeout 150 python3 -m pytest -q -p no:cacheprovider \
+       tests/models/test_gpu.py 2>&1; echo "pytest exit status $? (124: \
+       the timeout)"; } | tail -16 | tee "$OUT/gpu_tests.log"; }
      [ "${TESTS:-1}" = 1 ] && gpu_tests
      B="--skip pipeline e2e logits timm torch --batch 256 --attention cudnn \
        --scan off --steps 30"
