@@ -5,6 +5,7 @@
 #   bash bench/gpu_session.sh 1   # ViT-B/16: the step, its profile, train.py
 #                                 # end to end, timm eager / torch.compile
 #   bash bench/gpu_session.sh 2   # XLA flag A/Bs, ViT-L/16, max-autotune
+#   bash bench/gpu_session.sh 3   # bigger models: ViT-L/16, ViT-H/14 (remat)
 # .whl holds ml_collections, the one package such a machine lacks:
 #   pip download --no-deps --only-binary=:all: --python-version 3.12 \
 #     -d .whl ml_collections==1.1.0
@@ -40,6 +41,16 @@ case "${1:-1}" in
      timeout 150 $A --skip pipeline e2e logits timm --batch 256 \
        --attention cudnn --scan off --steps 20 --torch-compile max-autotune \
        2>&1 | tee "$OUT/autotune.log" ;;
+  3) # The GPU issue's bigger models: ViT-L/16 and ViT-H/14 at the batch
+     # that fits, and ViT-H/14 at twice that with the blocks' remat (dots
+     # saved). About 60-150 s each (ViT-L/16's compile alone outlasted 75 s
+     # on 2026-11-27).
+     for run in "vit_l_16 --batch 128" "vit_h_14 --batch 64" \
+         "vit_h_14 --batch 128 --remat dots"; do
+       echo "== $run"
+       timeout 150 $A --skip pipeline e2e logits timm torch --model $run \
+         --attention cudnn --scan off --steps 20
+     done 2>&1 | tee "$OUT/large.log" ;;
   ab) # The working tree ('new') against baselines, alternated, in one call:
       #   mkdir -p .ab/base && git archive BASE vit_jax bench configs \
       #     train.py | tar -x -C .ab/base   # .ab/ ignored, named in carry
