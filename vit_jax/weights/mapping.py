@@ -361,6 +361,11 @@ class _Pattern:
   taken off; None when the key does not match)."""
 
   def __init__(self, pattern: str):
+    # The text before the first placeholder: a key without it is rejected
+    # by ``str.startswith`` (a table's rows x a model's keys are millions
+    # of tries when every timm name's tables are made).
+    first = _PLACEHOLDER.search(pattern)
+    self.prefix = pattern[:first.start()] if first else pattern
     parts, pos, self.offsets = [], 0, {}
     for m in _PLACEHOLDER.finditer(pattern):
       parts.append(re.escape(pattern[pos:m.start()]))
@@ -371,6 +376,8 @@ class _Pattern:
     self.rx = re.compile("^" + "".join(parts) + "$")
 
   def match(self, key: str) -> Optional[Dict[str, int]]:
+    if not key.startswith(self.prefix):
+      return None
     m = self.rx.match(key)
     if m is None:
       return None

@@ -150,27 +150,38 @@ class RandomWeights:
     return out
 
 
+# In-place ops that only write values (what timm's and torch's
+# initialisers call): on a meta tensor, which holds none, they are no-ops.
+_META_VALUE_OPS = frozenset((
+    "uniform_", "normal_", "zero_", "fill_", "clamp_", "erfinv_", "mul_",
+    "add_", "sub_", "div_", "copy_", "exponential_", "log_normal_",
+    "random_", "bernoulli_", "fill_diagonal_"))
+
+
 @contextlib.contextmanager
 def meta_device():
-  """torch's meta device for building timm models without memory, ~3x
+  """torch's meta device for building timm models without memory, ~4x
   faster than a bare ``torch.device("meta")``: timm's truncated-normal
   init clamps every weight, and torch runs ``clamp_`` on a meta tensor
   through its Python reference implementation (about 5 ms a call, three
   quarters of the time to build every timm architecture). A meta tensor
-  holds no values, so its ``clamp_`` is skipped here; every other op runs
+  holds no values, so the in-place ops that only write values
+  (``clamp_``, ``uniform_``, ``normal_``, ``mul_`` ...: the initialisers')
+  return it here at once, without torch's dispatch (a further quarter less
+  time: 76 timm names 12.0 -> 8.7-9.0 s on an AMD Zen 1); every other op runs
   as on the plain meta device (the same parameters, shapes and dtypes)."""
   import torch  # pylint: disable=import-outside-toplevel
   from torch.overrides import TorchFunctionMode  # pylint: disable=import-outside-toplevel
 
-  class _NoMetaClamp(TorchFunctionMode):
+  class _NoMetaValues(TorchFunctionMode):
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
-      if func is torch.Tensor.clamp_ and args and getattr(
-          args[0], "is_meta", False):
+      if (getattr(func, "__name__", None) in _META_VALUE_OPS and args
+          and getattr(args[0], "is_meta", False)):
         return args[0]
       return func(*args, **(kwargs or {}))
 
-  with torch.device("meta"), _NoMetaClamp():
+  with torch.device("meta"), _NoMetaValues():
     yield
 
 
