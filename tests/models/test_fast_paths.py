@@ -61,12 +61,12 @@ def test_model_logits_and_grads_do_not_depend_on_impl(impl):
       lambda a: a + 0.05 * jnp.cos(jnp.arange(a.size).reshape(a.shape)),
       variables)
   x = jax.random.normal(jax.random.key(1), (2, 32, 32, 3))
-  np.testing.assert_allclose(model.apply(variables, x),
-                             ref_model.apply(variables, x),
+  np.testing.assert_allclose(jax.jit(model.apply)(variables, x),
+                             jax.jit(ref_model.apply)(variables, x),
                              rtol=1e-5, atol=1e-5)
   loss = lambda m: lambda p: jnp.sum(m.apply({"params": p}, x) ** 2)
-  g = jax.grad(loss(model))(variables["params"])
-  g_ref = jax.grad(loss(ref_model))(variables["params"])
+  g = jax.jit(jax.grad(loss(model)))(variables["params"])
+  g_ref = jax.jit(jax.grad(loss(ref_model)))(variables["params"])
   for a, b in zip(jax.tree_util.tree_leaves(g), jax.tree_util.tree_leaves(g_ref)):
     np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-5)
 
@@ -137,14 +137,14 @@ def test_bfloat16_model_stays_close_to_float32(bf16_hardware, monkeypatch):
       lambda a: a + 0.05 * jnp.cos(jnp.arange(a.size).reshape(a.shape)),
       models.init_params(m32, 32))
   x = jax.random.normal(jax.random.key(4), (2, 32, 32, 3))
-  out = m16.apply(variables, x)
+  out = jax.jit(m16.apply)(variables, x)
   assert out.dtype == jnp.bfloat16
-  np.testing.assert_allclose(out.astype(jnp.float32), m32.apply(variables, x),
-                             atol=5e-2)
+  np.testing.assert_allclose(out.astype(jnp.float32),
+                             jax.jit(m32.apply)(variables, x), atol=5e-2)
   loss = lambda m: lambda p: jnp.sum(
       m.apply({"params": p}, x).astype(jnp.float32) ** 2)
-  g16 = jax.grad(loss(m16))(variables["params"])
-  g32 = jax.grad(loss(m32))(variables["params"])
+  g16 = jax.jit(jax.grad(loss(m16)))(variables["params"])
+  g32 = jax.jit(jax.grad(loss(m32)))(variables["params"])
   scale = max(float(jnp.abs(b).max()) for b in jax.tree_util.tree_leaves(g32))
   for a, b in zip(jax.tree_util.tree_leaves(g16), jax.tree_util.tree_leaves(g32)):
     assert a.dtype == jnp.float32
@@ -566,10 +566,10 @@ def test_padded_attention_is_the_same_function(n, s):
     return lambda q, k, v: jnp.sum(f(q, k, v) * w)
   plain = functools.partial(jax.nn.dot_product_attention, implementation="xla")
   padded = functools.partial(kernels.padded_attention, implementation="xla")
-  np.testing.assert_allclose(padded(q, k, v), plain(q, k, v), rtol=1e-6,
-                             atol=1e-6)
-  for a, b in zip(jax.grad(loss(padded), argnums=(0, 1, 2))(q, k, v),
-                  jax.grad(loss(plain), argnums=(0, 1, 2))(q, k, v)):
+  np.testing.assert_allclose(jax.jit(padded)(q, k, v),
+                             jax.jit(plain)(q, k, v), rtol=1e-6, atol=1e-6)
+  grad = lambda f: jax.jit(jax.grad(loss(f), argnums=(0, 1, 2)))  # noqa: E731
+  for a, b in zip(grad(padded)(q, k, v), grad(plain)(q, k, v)):
     np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
 
 

@@ -75,9 +75,11 @@ def two_images(seed=0, p=16, shapes=SHAPES, seq=SEQ):
 
 
 def _run(model, variables, x, **kw):
+  """``model.apply(variables, x, train=False, **kw)``, compiled (eagerly,
+  each op is compiled on its own: 8 of this file's 27 s on an AMD Zen 1)."""
+  fn = jax.jit(lambda v, x: model.apply(v, x, train=False, **kw))
   with jax.default_matmul_precision("highest"):
-    return model.apply(variables, jax.tree_util.tree_map(jnp.asarray, x),
-                       train=False, **kw)
+    return fn(variables, jax.tree_util.tree_map(jnp.asarray, x))
 
 
 def _valid_rows(tokens, valid, prefix):
