@@ -91,8 +91,9 @@ class ImageFiles:
       raise ValueError(self.split_error(split))
     ds = tf.data.Dataset.from_tensor_slices(
         {"image/filename": self.paths, "label": self.labels})
-    return ds.map(lambda ex: dict(ex, image=tf.io.read_file(
-        ex["image/filename"])))
+    read = lambda ex: dict(ex, image=tf.io.read_file(  # noqa: E731
+        ex["image/filename"]))
+    return ds.map(tf.autograph.experimental.do_not_convert(read))
 
   def split_error(self, split: str, what: str = "split") -> str:
     return (f"{what}={split!r}: {self.root!r} is a folder of images without "
