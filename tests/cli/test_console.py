@@ -123,13 +123,21 @@ def test_the_main_job_prepares_the_bundled_digits_in_one_line(tmp_path):
 
 def test_a_library_asking_whether_tensorflow_exists_does_not_use_up_the_filter():
   """Some libraries probe ``importlib.util.find_spec('tensorflow')``
-  without importing it; the real import after that is still filtered."""
+  without importing it; the real import after that is still filtered.
+  Keras' optimizers are not imported with TensorFlow, and load with Keras
+  when the program imports it."""
   code = (
       "import importlib.util, sys\n"
       "from vit_jax.data import console\n"
       "console.quiet_native_logs()\n"
       "assert importlib.util.find_spec('tensorflow') is not None\n"
       "import tensorflow\n"
+      "assert 'keras.src.optimizers' not in sys.modules\n"
+      "assert not any(type(f).__module__ == console.__name__\n"
+      "               for f in sys.meta_path), sys.meta_path\n"
+      "import keras\n"
+      "assert keras.optimizers.Adam(0.1).learning_rate == 0.1\n"
+      "assert tensorflow.keras.optimizers.SGD is keras.optimizers.SGD\n"
       "print('imported', file=sys.stderr)\n")
   p = subprocess.run([PYTHON, "-c", code], cwd=REPO, env=_quiet_env(),
                      capture_output=True, text=True, timeout=120)
