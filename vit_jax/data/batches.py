@@ -45,15 +45,6 @@ import tensorflow as tf
 from vit_jax.data import preprocessing, sources, transforms
 from vit_jax.data.sources import DataSource
 
-def graph_fn(fn):
-  """``fn`` for tf.data as written, without AutoGraph: these functions use
-  TensorFlow ops for every branch on a tensor, and AutoGraph's conversion
-  of them (and of everything they call) is Python source rewriting in
-  each process: about 3 s of every ``train.py``'s start-up (cProfile of a
-  20-step run on the bundled digits, an AMD Zen 1)."""
-  return tf.autograph.experimental.do_not_convert(fn)
-
-
 def cached(ds: tf.data.Dataset) -> tf.data.Dataset:
   """``ds.cache()`` (in memory), filled now by one complete pass: every
   later iterator only reads it, so one that stops early (the end of a run)
@@ -97,8 +88,8 @@ def _epochs_in_sequence(epoch_fn):
   logger.setLevel("ERROR")  # its deprecation note: nothing else does this
   try:
     return tf.data.experimental.parallel_interleave(
-        graph_fn(epoch_fn), cycle_length=1, block_length=1, sloppy=False,
-        buffer_output_elements=1, prefetch_input_elements=1)
+        sources.graph_fn(epoch_fn), cycle_length=1, block_length=1,
+        sloppy=False, buffer_output_elements=1, prefetch_input_elements=1)
   finally:
     logger.setLevel(level)
 
@@ -173,7 +164,7 @@ def train_dataset(config, src: DataSource, *, local_batch: int,
                              mean=mean, std=std)
     return {"image": image, "label": label}
 
-  ds = ds.map(graph_fn(process), num_parallel_calls=parallel_calls())
+  ds = ds.map(sources.graph_fn(process), num_parallel_calls=parallel_calls())
   ds = ds.batch(local_batch, drop_remainder=True)
   ds = ds.prefetch(config.prefetch)
   return ds.with_options(_options())
@@ -225,7 +216,7 @@ def eval_dataset(config, src: DataSource, *, local_batch: int,
     return dict(out, label=tf.cast(ex["label"], tf.int32),
                 mask=tf.constant(1.0, tf.float32))
 
-  ds = raw.map(graph_fn(process), num_parallel_calls=parallel_calls())
+  ds = raw.map(sources.graph_fn(process), num_parallel_calls=parallel_calls())
   pad = num_batches * local_batch - n
   if pad:
     blank = {k: tf.zeros([int(naflex[1]) if d is None else d

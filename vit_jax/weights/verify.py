@@ -160,7 +160,7 @@ _META_VALUE_OPS = frozenset((
 
 @contextlib.contextmanager
 def meta_device():
-  """torch's meta device for building timm models without memory, ~4x
+  """torch's meta device for building timm models without memory, ~3x
   faster than a bare ``torch.device("meta")``: timm's truncated-normal
   init clamps every weight, and torch runs ``clamp_`` on a meta tensor
   through its Python reference implementation (about 5 ms a call, three
