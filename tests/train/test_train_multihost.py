@@ -1,6 +1,9 @@
 """Two local processes (jax.distributed on 127.0.0.1, gloo collectives, two
 CPU devices each) train together through train.py's multi-process flags.
 
+The signal and kill tests train on synthetic batches (coordination, not
+data: no TensorFlow in their workers); the first trains on the digits.
+
 A SIGTERM to either process -- mid-run, while a checkpoint is being saved,
 during evaluation, before the first step -- stops both after the same step
 with a checkpoint; the restarted pair resumes from it and ends with
@@ -91,9 +94,17 @@ def _free_port():
     return s.getsockname()[1]
 
 
-def _overrides(**kw):
+def _overrides(data="synthetic", **kw):
+  """The pair's run: 120 steps of the tiny model. The signal and kill tests
+  check coordination, not data: they train on ``synthetic`` batches made on
+  the devices (no TensorFlow in the workers: 5-6 s of CPU less per
+  process); the digits (tf.data, each process its own rows of a real
+  split) in :func:`test_two_processes_train_together`."""
   o = tiny_overrides(total_steps=120, log_every=10, eval_every=60,
                      checkpoint_every=20, peer_timeout_seconds=PEER_TIMEOUT)
+  if data == "synthetic":
+    del o["data_dir"]
+    o["dataset"] = "synthetic"
   o.update(kw)
   return o
 
@@ -209,7 +220,7 @@ def _stopped_together(outs, after):
 def test_two_processes_train_together(tmp_path):
   """SIGTERM to process 1 mid-run; the restarted pair ends like one run."""
   total = 120
-  overrides = _overrides()
+  overrides = _overrides(data="digits")
   pair = Pair(tmp_path, overrides)
   pair.wait_for(lambda: _logged_step(tmp_path) >= 30, "step 30")
   pair.procs[1].send_signal(signal.SIGTERM)  # preempt the non-primary process
