@@ -209,6 +209,39 @@ def test_create_model_random_init_has_the_records_preprocessing():
   assert m.hidden_size == 768 and "head" in v["params"]
 
 
+def test_random_init_draws_every_layer_its_own_values():
+  """create_model's random variables (drawn by the model's scanned form
+  where its blocks are alike, then laid out per layer): the model's own
+  tree, deterministic in the seed, every block its own draw at its
+  initialiser's scale; where the blocks differ (SAM's windowed and global
+  ones) the model is initialised as it is."""
+  model, v, _ = vit_jax.create_model("vit_ti_16", num_layers=3,
+                                     num_classes=4, image_size=32)
+  assert not model.scan_layers
+  weights.check(model, v, 32)
+  blocks = v["params"]["Transformer"]
+  k = [np.asarray(blocks[f"encoderblock_{i}"]["MlpBlock_0"]["Dense_0"]
+                  ["kernel"]) for i in range(3)]
+  assert not np.array_equal(k[0], k[1]) and not np.array_equal(k[1], k[2])
+  fan_in, fan_out = k[0].shape  # xavier_uniform: std sqrt(2 / (in + out))
+  want = np.sqrt(2.0 / (fan_in + fan_out))
+  assert all(abs(x.std() / want - 1) < 0.05 for x in k), [x.std() for x in k]
+  _, again, _ = vit_jax.create_model("vit_ti_16", num_layers=3,
+                                     num_classes=4, image_size=32)
+  _, other, _ = vit_jax.create_model("vit_ti_16", num_layers=3,
+                                     num_classes=4, image_size=32, seed=1)
+  for x, y, z in zip(*(jax.tree_util.tree_leaves(t) for t in (v, again,
+                                                               other))):
+    np.testing.assert_array_equal(x, y)
+  assert not np.array_equal(k[0], other["params"]["Transformer"][
+      "encoderblock_0"]["MlpBlock_0"]["Dense_0"]["kernel"])
+  out = apply(model, v, np.zeros((2, 32, 32, 3), np.float32))
+  assert out.shape == (2, 4) and np.all(np.isfinite(out))
+  sam, sv, _ = vit_jax.create_model("samvit_base_patch16", num_layers=2,
+                                    image_size=64)
+  weights.check(sam, sv, 64)
+
+
 def _preprocessed_ok(pre, model, image):
   """``Loaded.preprocess`` of ``image`` with ``pre``: what the model takes
   (no weights needed to prepare an image)."""
