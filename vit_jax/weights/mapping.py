@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import collections
 import dataclasses
+import functools
 import re
 from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple
 
@@ -391,10 +392,50 @@ def _fill(pattern: str, bindings: Mapping[str, int]) -> str:
       pattern)
 
 
+@functools.lru_cache(maxsize=None)
+def _pattern(text: str) -> _Pattern:
+  """The tables' patterns are a few hundred fixed strings: each compiled
+  once."""
+  return _Pattern(text)
+
+
+def _head(text: str) -> str:
+  return text.split(".", 1)[0]
+
+
+class _FirstMatch:
+  """The first of ``rows`` (in their order) whose pattern matches a key: a
+  key is tried only against the patterns that can match it (those whose
+  literal start has the key's text up to its first ``.``), not against
+  every row of the table."""
+
+  def __init__(self, rows):
+    self._by_head: Dict[str, list] = {}
+    self._any = []  # patterns whose literal start ends before the first '.'
+    for i, row in enumerate(rows):
+      rx = _pattern(row.theirs)
+      entry = (i, rx, row)
+      if "." in rx.prefix or rx.prefix == row.theirs:
+        self._by_head.setdefault(_head(rx.prefix), []).append(entry)
+      else:
+        self._any.append(entry)
+
+  def __call__(self, key: str):
+    """``(row, bindings)``, or ``(None, None)`` where no row matches."""
+    candidates = self._by_head.get(_head(key), [])
+    if self._any:
+      candidates = sorted(candidates + self._any, key=lambda e: e[0])
+    for _, rx, row in candidates:
+      b = rx.match(key)
+      if b is not None:
+        return row, b
+    return None, None
+
+
 def unmatched(layout: Layout, keys) -> List[str]:
   """The keys no row of the layout claims."""
-  rxs = [_Pattern(r.theirs) for r in layout.flat_rows()]
-  return [k for k in keys if not any(rx.match(k) is not None for rx in rxs)]
+  first = _FirstMatch(layout.flat_rows())
+  return [k for k in keys if first(k)[0] is None]
 
 
 def canonical(layout: Layout, state_dict: Mapping[str, Any]) -> Dict[str, Any]:
@@ -443,16 +484,13 @@ def to_ours(layout: Layout, state_dict: Mapping[str, np.ndarray],
   (e.g. a fused q/k/v weight whose first axis is not divisible by 3) is left
   out; the checker then names it as mis-shaped, as it names a missing part
   of a tensor of ours."""
-  matchers = [(_Pattern(r.theirs), r) for r in layout.flat_rows()]
+  first = _FirstMatch(layout.flat_rows())
   flat: Dict[str, np.ndarray] = {}
   parts: Dict[str, Dict[int, np.ndarray]] = {}
   unmatched = []
   for key, value in state_dict.items():
-    for rx, row in matchers:
-      m = rx.match(key)
-      if m is not None:
-        break
-    else:
+    row, m = first(key)
+    if row is None:
       unmatched.append(key)
       continue
     heads = (num_heads.get(row.heads, num_heads["model"])
@@ -474,11 +512,43 @@ def to_ours(layout: Layout, state_dict: Mapping[str, np.ndarray],
   return flat, unmatched
 
 
-def _instances(row: Row, flat: Mapping[str, Any]):
+_DIGITS = re.compile(r"\d+")
+
+
+@functools.lru_cache(maxsize=None)
+def _template(pattern: str) -> Optional[str]:
+  """The form of the keys ``pattern`` can match: its placeholders and its
+  digits as ``#`` (``encoderblock_{i}/MlpBlock_0`` ->
+  ``encoderblock_#/MlpBlock_#``); None where a placeholder touches a digit
+  or another placeholder (their digits would run together in a key)."""
+  t = _PLACEHOLDER.sub("\0", pattern)
+  if re.search("\0[\\d\0]|\\d\0", t):
+    return None
+  return _DIGITS.sub("#", t).replace("\0", "#")
+
+
+class _Keys:
+  """A flat tree's keys by their form (digits as ``#``): a row's pattern is
+  tried only on the keys of its form, not on every key (a table's rows x a
+  model's keys were millions of tries when every timm name's tables are
+  made)."""
+
+  def __init__(self, flat: Mapping[str, Any]):
+    self.all = list(flat)
+    self.by_form: Dict[str, List[str]] = {}
+    for k in self.all:
+      self.by_form.setdefault(_DIGITS.sub("#", k), []).append(k)
+
+  def of(self, pattern: str) -> List[str]:
+    form = _template(pattern)
+    return self.all if form is None else self.by_form.get(form, [])
+
+
+def _instances(row: Row, flat: Mapping[str, Any], keys: _Keys):
   """Every binding of the row's placeholders whose our paths all exist."""
-  rx = _Pattern(row.ours[0])
+  rx = _pattern(row.ours[0])
   found = []
-  for key in flat:
+  for key in keys.of(row.ours[0]):
     b = rx.match(key)
     if b is not None and all(_fill(p, b) in flat for p in row.ours):
       found.append(b)
@@ -489,6 +559,7 @@ def _emit(layout: Layout, flat: Mapping[str, Any], fn,
           used: Optional[set] = None) -> "collections.OrderedDict":
   out = collections.OrderedDict()
   used = set() if used is None else used
+  keys = _Keys(flat)
 
   def emit(row, b):
     if row.when is not None and not row.when(flat):
@@ -499,7 +570,7 @@ def _emit(layout: Layout, flat: Mapping[str, Any], fn,
 
   for entry in layout.rows:
     if isinstance(entry, Repeat):
-      per_row = [(r, _instances(r, flat)) for r in entry.rows]
+      per_row = [(r, _instances(r, flat, keys)) for r in entry.rows]
       indices = sorted({tuple(sorted(b.items())) for _, bs in per_row for b in bs},
                        key=lambda t: [int(v) for _, v in t])
       for idx in indices:
@@ -508,7 +579,7 @@ def _emit(layout: Layout, flat: Mapping[str, Any], fn,
           if b in bs:
             emit(r, b)
     else:
-      for b in _instances(entry, flat):
+      for b in _instances(entry, flat, keys):
         emit(entry, b)
   return out
 
