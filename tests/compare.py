@@ -112,7 +112,15 @@ def random_ours(name="vit_ti_16", seed=0, size=64, **overrides):
 
 
 def init(model, size, seed=0, batch=1):
-  """``model.init`` on zeros of ``size`` px, compiled (see :func:`apply`)."""
+  """Random variables of ``model`` for ``size`` px: ``create_model``'s
+  (:func:`vit_jax.weights.random_variables`: alike blocks drawn by the
+  scanned model, compiled once for all of them; a 12-block model's
+  ``jax.jit(model.init)`` compiles each block's initialisers again), else
+  ``model.init`` on zeros, compiled (see :func:`apply`)."""
+  if batch == 1 and models.pair(model.image_size or size) == models.pair(
+      size):
+    from vit_jax import weights  # pylint: disable=import-outside-toplevel
+    return weights.random_variables(model, size, seed)
   x = jnp.zeros((batch, *models.pair(size), model.num_channels))
   return jax.jit(model.init)(jax.random.key(seed), x)
 
