@@ -399,43 +399,10 @@ def _pattern(text: str) -> _Pattern:
   return _Pattern(text)
 
 
-def _head(text: str) -> str:
-  return text.split(".", 1)[0]
-
-
-class _FirstMatch:
-  """The first of ``rows`` (in their order) whose pattern matches a key: a
-  key is tried only against the patterns that can match it (those whose
-  literal start has the key's text up to its first ``.``), not against
-  every row of the table."""
-
-  def __init__(self, rows):
-    self._by_head: Dict[str, list] = {}
-    self._any = []  # patterns whose literal start ends before the first '.'
-    for i, row in enumerate(rows):
-      rx = _pattern(row.theirs)
-      entry = (i, rx, row)
-      if "." in rx.prefix or rx.prefix == row.theirs:
-        self._by_head.setdefault(_head(rx.prefix), []).append(entry)
-      else:
-        self._any.append(entry)
-
-  def __call__(self, key: str):
-    """``(row, bindings)``, or ``(None, None)`` where no row matches."""
-    candidates = self._by_head.get(_head(key), [])
-    if self._any:
-      candidates = sorted(candidates + self._any, key=lambda e: e[0])
-    for _, rx, row in candidates:
-      b = rx.match(key)
-      if b is not None:
-        return row, b
-    return None, None
-
-
 def unmatched(layout: Layout, keys) -> List[str]:
   """The keys no row of the layout claims."""
-  first = _FirstMatch(layout.flat_rows())
-  return [k for k in keys if first(k)[0] is None]
+  rxs = [_pattern(r.theirs) for r in layout.flat_rows()]
+  return [k for k in keys if not any(rx.match(k) is not None for rx in rxs)]
 
 
 def canonical(layout: Layout, state_dict: Mapping[str, Any]) -> Dict[str, Any]:
@@ -484,13 +451,16 @@ def to_ours(layout: Layout, state_dict: Mapping[str, np.ndarray],
   (e.g. a fused q/k/v weight whose first axis is not divisible by 3) is left
   out; the checker then names it as mis-shaped, as it names a missing part
   of a tensor of ours."""
-  first = _FirstMatch(layout.flat_rows())
+  matchers = [(_pattern(r.theirs), r) for r in layout.flat_rows()]
   flat: Dict[str, np.ndarray] = {}
   parts: Dict[str, Dict[int, np.ndarray]] = {}
   unmatched = []
   for key, value in state_dict.items():
-    row, m = first(key)
-    if row is None:
+    for rx, row in matchers:
+      m = rx.match(key)
+      if m is not None:
+        break
+    else:
       unmatched.append(key)
       continue
     heads = (num_heads.get(row.heads, num_heads["model"])
