@@ -288,7 +288,13 @@ def _widened_bias_gelu_bwd(res, g):
   # The barrier, as in bias_gelu's backward: erf recomputed here, not
   # written out by the forward.
   h = lax.optimization_barrier(y).astype(f32) + bias.astype(f32)
-  dh = (g.astype(f32) * _gelu_grad(h)).astype(y.dtype)
+  # The barrier on the rounded gradient: XLA materialises it (bf16) in the
+  # elementwise pass and the bias sum reads it; left free, XLA:GPU wrote
+  # the float32 product and rounded it inside the sum's pass (7 ms of
+  # ViT-B/16's step on an H200 against about 4 expected this way;
+  # docs/accelerators.md).
+  dh = lax.optimization_barrier(
+      (g.astype(f32) * _gelu_grad(h)).astype(y.dtype))
   dbias = jnp.sum(dh.reshape(-1, dh.shape[-1]).astype(f32), axis=0)
   return dh, dbias.astype(bias.dtype)
 
