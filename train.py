@@ -29,6 +29,9 @@ if __name__ == "__main__":
   # step (vit_jax/train/host_memory.py; the process starts again once).
   from vit_jax.train import host_memory
   host_memory.reexec()
+  # Before JAX starts a backend: XLA reads its flags once.
+  from vit_jax.train import xla_flags
+  xla_flags.apply()
 
 from absl import app, flags, logging
 from ml_collections import config_dict, config_flags

@@ -33,6 +33,7 @@ if __package__ in (None, ""):
   sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from vit_jax.data import console  # noqa: E402
+from vit_jax.train import xla_flags  # noqa: E402
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -378,6 +379,8 @@ def main(argv=None):
     except ImportError:
       pass
 
+  # The step as train.py runs it: its XLA flags, unless XLA_FLAGS names them.
+  xla_flags.apply()
   import jax  # pylint: disable=import-outside-toplevel
 
   from bench import input_pipeline as ip_bench, machine  # pylint: disable=import-outside-toplevel
@@ -393,7 +396,9 @@ def main(argv=None):
          "image_size": args.image_size, "dtype": args.dtype,
          "peak_bf16_flops": peak_flops(dev.device_kind)}
   print(f"Device: {jax.local_device_count()} x {dev.device_kind} ({backend}); "
-        f"host CPU: {res['host_cpu']}; jax {jax.__version__}")
+        f"host CPU: {res['host_cpu']}; jax {jax.__version__}; "
+        f"XLA_FLAGS={os.environ['XLA_FLAGS']!r}")
+  res["xla_flags"] = os.environ["XLA_FLAGS"]
   if backend == "cpu":
     print("This is a CPU: the numbers below measure this CPU at tiny sizes "
           "(unless given), not an accelerator; MFU is unknown.")
