@@ -6,6 +6,9 @@
 #                                 # end to end, timm eager / torch.compile
 #   bash bench/gpu_session.sh 2   # XLA flag A/Bs, ViT-L/16, max-autotune
 #   bash bench/gpu_session.sh 3   # bigger models: ViT-L/16, ViT-H/14 (remat)
+#   BUDGET=540 bash bench/gpu_session.sh next   # one call: the GPU tests,
+#       .ab/base against the tree alternated, part 1 on the tree, ViT-H/14;
+#       each run skipped when the budget's seconds left are too few for it
 # .whl holds ml_collections, the one package such a machine lacks:
 #   pip download --no-deps --only-binary=:all: --python-version 3.12 \
 #     -d .whl ml_collections==1.1.0
@@ -20,6 +23,12 @@ export JAX_COMPILATION_CACHE_DIR=/tmp/jax_cache \
 OUT=${OUT:-bench/results/gpu}
 mkdir -p "$OUT" && OUT=$(cd "$OUT" && pwd)  # absolute: tar runs in /tmp/prof
 A="python3 bench/accelerator.py --skip pipeline logits timm"
+T0=$(date +%s); END=$((T0 + ${BUDGET:-540}))
+fits() {  # fits SECONDS LABEL: whether that many seconds are left
+  local left=$((END - $(date +%s)))
+  [ "$left" -ge "$1" ] && { echo "== $2 ($(date -u +%T), ${left} s left)"; return; }
+  echo "== $2: skipped, ${left} s left"; return 1
+}
 { nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv
   lscpu | grep -E "Model name|^CPU\(s\)"; date -u
   python3 -m pip list 2>/dev/null |
@@ -90,5 +99,28 @@ case "${1:-1}" in
      (cd /tmp/prof_new && tar czf "$OUT/jax_prof_new.tgz" jax/step.hlo.txt \
        $(find jax -name "*.xplane.pb"))
      [ "${TESTS:-1}" = last ] && gpu_tests ;;
+  next) # The night of 2026-11-27 in one call (about 400 s on an H200 with
+     # the compilation cache): what the next session needs first.
+     fits 100 "tests/models/test_gpu.py" && { timeout 150 python3 -m pytest \
+       -q -p no:cacheprovider tests/models/test_gpu.py 2>&1; echo "pytest \
+       exit status $?"; } | tail -16 | tee "$OUT/gpu_tests.log"
+     B="--skip pipeline e2e logits timm torch --batch 256 --attention cudnn \
+       --scan off --steps 30"
+     for r in 1 2; do
+       fits 60 "base, round $r" && (cd .ab/base && timeout 70 python3 \
+         bench/accelerator.py $B)
+       fits 60 "new, round $r" && timeout 70 python3 bench/accelerator.py $B
+     done 2>&1 | tee "$OUT/ab.log"
+     fits 200 "part 1 on the tree" && { timeout 260 $A --batch 256 \
+       --attention cudnn --scan off --torch-compile eager default \
+       --profile /tmp/prof --json "$OUT/b16.json" 2>&1 | tee "$OUT/b16.log"
+       (cd /tmp/prof && tar czf "$OUT/jax_prof.tgz" jax/step.hlo.txt \
+         $(find jax -name "*.xplane.pb"); tar czf "$OUT/torch_prof.tgz" \
+         torch_*.json); }
+     for run in "vit_h_14 --batch 64" "vit_h_14 --batch 128 --remat dots"; do
+       fits 100 "$run" && timeout $((END - $(date +%s) - 5)) $A --skip \
+         pipeline e2e logits timm torch --model $run --attention cudnn \
+         --scan off --steps 20
+     done 2>&1 | tee "$OUT/large.log" ;;
 esac
-ls -la "$OUT"
+ls -la "$OUT"; echo "$(( $(date +%s) - T0 )) s"
