@@ -7,7 +7,8 @@
 #   bash bench/gpu_session.sh 2   # XLA flag A/Bs, ViT-L/16, max-autotune
 #   bash bench/gpu_session.sh 3   # bigger models: ViT-L/16, ViT-H/14 (remat)
 #   BUDGET=540 bash bench/gpu_session.sh next   # one call: the GPU tests,
-#       .ab/base against the tree alternated, part 1 on the tree, ViT-H/14;
+#       .ab/base against the tree alternated, two XLA flags, part 1 on the
+#       tree, ViT-H/14;
 #       each run skipped when the budget's seconds left are too few for it
 # .whl holds ml_collections, the one package such a machine lacks:
 #   pip download --no-deps --only-binary=:all: --python-version 3.12 \
@@ -111,6 +112,14 @@ case "${1:-1}" in
          bench/accelerator.py $B)
        fits 60 "new, round $r" && timeout 70 python3 bench/accelerator.py $B
      done 2>&1 | tee "$OUT/ab.log"
+     # XLA's cuDNN LayerNorm and its block-level (Triton) normalisation
+     # fusions: LayerNorm's passes are what the step has most of after the
+     # GEMMs and attention (docs/accelerators.md).
+     for f in --xla_gpu_enable_cudnn_layer_norm=true \
+         --xla_gpu_experimental_enable_fusion_block_level_rewriter=true; do
+       fits 45 "new, XLA_FLAGS=$f" && XLA_FLAGS="$f" timeout 60 python3 \
+         bench/accelerator.py $B
+     done 2>&1 | tee "$OUT/flags.log"
      fits 200 "part 1 on the tree" && { timeout 260 $A --batch 256 \
        --attention cudnn --scan off --torch-compile eager default \
        --profile /tmp/prof --json "$OUT/b16.json" 2>&1 | tee "$OUT/b16.log"
