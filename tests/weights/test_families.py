@@ -17,7 +17,8 @@ import numpy as np
 import pytest
 import torch
 
-from compare import apply, assert_close_rel, images, perturb_torch, torch_in
+from compare import (apply, apply_with_features, assert_close_rel, images,
+                     perturb_torch, torch_in)
 from vit_jax import formats
 from vit_jax.weights.pretrained import meta_device
 
@@ -77,8 +78,8 @@ def test_family_matches_timm_both_ways(name, record_property):
   with torch.no_grad():
     ref_logits = m(torch_in(x)).numpy()
     ref_feats = m.forward_features(torch_in(x)).numpy()
-  rel = assert_close_rel(apply(model, variables, x), ref_logits)
-  feats = apply(model, variables, x, method=model.forward_features)
+  logits, feats = apply_with_features(model, variables, x)
+  rel = assert_close_rel(logits, ref_logits)
   frel = assert_close_rel(feats, ref_feats, what="forward_features")
   record_property("rel_err", rel.rel)
   print(f"\nPARITY {name}: logits rel {rel.rel:.2g} (max|diff| {rel.err:.2g}, "

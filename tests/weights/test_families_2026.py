@@ -21,7 +21,8 @@ import numpy as np
 import pytest
 import torch
 
-from compare import apply, assert_close_rel, images, perturb_torch, torch_in
+from compare import (apply, apply_with_features, assert_close_rel, images,
+                     perturb_torch, torch_in)
 from vit_jax import formats, models
 from vit_jax.weights.pretrained import meta_device
 
@@ -535,8 +536,7 @@ def test_transformers_towers_both_ways(kind, tmp_path):
   with torch.no_grad():
     out = m(pixel_values=torch_in(x))
   with jax.default_matmul_precision("highest"):
-    feats = apply(model, variables, x, method=model.forward_features)
-    pooled = apply(model, variables, x)
+    pooled, feats = apply_with_features(model, variables, x)
   rel = assert_close_rel(feats, out.last_hidden_state.numpy(),
                          what="last_hidden_state")
   if out.pooler_output is not None:

@@ -30,7 +30,7 @@ import numpy as np
 import pytest
 
 import vit_jax
-from compare import apply, images, perturb_torch, torch_in
+from compare import apply, apply_with_features, images, perturb_torch, torch_in
 from reference import models_vit
 from vit_jax import formats, models, weights
 from vit_jax.data import preprocessing as pp
@@ -302,9 +302,8 @@ def test_timm_hybrid_both_ways(name, record_property):
   sd = m.state_dict()
   model, variables = formats.from_timm(sd, name, num_heads=HEADS)
   assert {k: getattr(model.resnet, k) for k in resnet.TIMM} == resnet.TIMM
-  rel = _rel(apply(model, variables, x), want)
-  rel_f = _rel(apply(model, variables, x, method=model.forward_features),
-               want_features)
+  logits, features = apply_with_features(model, variables, x)
+  rel, rel_f = _rel(logits, want), _rel(features, want_features)
   other = _rel(apply(_with(model, resnet.GOOGLE), variables, x), want)
   record_property("rel_err", max(rel, rel_f))
   print(f"\nTIMM {name}: logits {rel:.2e}, forward_features {rel_f:.2e} "

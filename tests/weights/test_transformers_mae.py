@@ -22,7 +22,8 @@ import pytest
 import torch
 
 import hf_cache
-from compare import apply, assert_close_rel, images, perturb_torch, torch_in
+from compare import (apply_with_features, assert_close_rel, images,
+                     perturb_torch, torch_in)
 from vit_jax import formats, weights
 
 transformers = pytest.importorskip("transformers")
@@ -61,8 +62,8 @@ def _mae_reference(encoder, x):
 
 def _features(model, variables, x):
   with jax.default_matmul_precision("highest"):
-    return (apply(model, variables, x, method=model.forward_features),
-            apply(model, variables, x))
+    out, feats = apply_with_features(model, variables, x)
+  return feats, out
 
 
 def test_vit_mae_model_matches_transformers_both_ways(record_property):
