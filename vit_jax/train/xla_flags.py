@@ -9,7 +9,7 @@ a CPU computes:
 * ``--xla_gpu_enable_triton_gemm=false``: XLA:GPU's dense layers as
   cuBLAS GEMMs rather than Triton ones. ViT-B/16's bfloat16 train step at
   batch 256 on one H200, alternated in one call: 3,574 / 3,573 to 3,693
-  img/s (+3.3 %) on main, 3,662 / 3,661 to 3,768 / 3,765 (+2.8 %) with
+  img/s (+3.3 %) on main, 3,663 / 3,661 to 3,768 / 3,765 (+2.9 %) with
   the GELU change; on an H100 on 2026-11-26, 2,797 / 2,783 to 2,829
   (+1.1 to +1.7 %). ViT-L/16 at batch 128 ran the same with either
   (1,167 img/s). docs/accelerators.md.
