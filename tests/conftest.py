@@ -57,6 +57,38 @@ if "VIT_JAX_TEST_XLA_CACHE" not in os.environ:
 os.environ["JAX_COMPILATION_CACHE_DIR"] = os.environ["VIT_JAX_TEST_XLA_CACHE"]
 os.environ["JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS"] = "0"
 
+
+def _one_mlir_context_per_thread():
+  """JAX makes a new MLIR context for every program it lowers, loading
+  every dialect into it: 5 ms each, a fifth of an op's compile when a
+  model runs eagerly (each op its own program; the suite compiles
+  thousands). Here one context per thread is made once and reused; the
+  programs, and so what XLA compiles, are the same (contexts only intern
+  types and attributes). Tests only: a library should not patch JAX.
+  VIT_JAX_TEST_MLIR_CONTEXT=new keeps JAX's own."""
+  import threading  # pylint: disable=import-outside-toplevel
+  if os.environ.get("VIT_JAX_TEST_MLIR_CONTEXT") == "new":
+    return
+  try:
+    from jax._src.interpreters import mlir  # pylint: disable=import-outside-toplevel
+  except ImportError:
+    return
+  make = getattr(mlir, "make_ir_context", None)
+  if make is None or getattr(make, "reused", False):
+    return
+  local = threading.local()
+
+  def make_ir_context():
+    context = getattr(local, "context", None)
+    if context is None:
+      context = local.context = make()
+    return context
+  make_ir_context.reused = True
+  mlir.make_ir_context = make_ir_context
+
+
+_one_mlir_context_per_thread()
+
 # torch on one thread in the test processes and the processes they start
 # (unless OMP_NUM_THREADS is set): pytest-xdist runs one worker per core,
 # so the cores are busy already, and torch's idle OpenMP threads spin
