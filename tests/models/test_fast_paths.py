@@ -596,25 +596,29 @@ def test_chosen_cudnn_that_jax_refuses_runs_xla(monkeypatch, error):
   refuses it for the shapes, the model runs XLA's attention (same logits,
   gradients trace); a requested 'cudnn' keeps JAX's error."""
   x = jax.random.normal(jax.random.key(0), (2, 32, 32, 3))
-  kw = dict(num_classes=5, image_size=32, dtype=jnp.bfloat16)
-  params = models.get_model("vit_ti_16", **kw).init(
-      jax.random.key(1), x, train=False)
-  want = models.get_model("vit_ti_16", attention_impl="xla", **kw).apply(
-      params, x, train=False)
+  kw = dict(num_classes=5, image_size=32, dtype=jnp.bfloat16, num_layers=2)
+  # Compiled (the choice is made while tracing, as it is eagerly): a new
+  # function each time, so each call traces under the backend it is given.
+  apply = lambda m: jax.jit(  # noqa: E731
+      lambda p, x: m.apply(p, x, train=False))
+  params = models.init_params(models.get_model("vit_ti_16", **kw), 32,
+                              seed=1)
+  want = apply(models.get_model("vit_ti_16", attention_impl="xla", **kw))(
+      params, x)
   calls = []
   _fake_gpu_without_cudnn(monkeypatch, calls, error)
   model = models.get_model("vit_ti_16", **kw)
-  got = model.apply(params, x, train=False)
+  got = apply(model)(params, x)
   assert calls[:2] == ["cudnn", "xla"], calls
   np.testing.assert_array_equal(np.asarray(got, np.float32),
                                 np.asarray(want, np.float32))
-  grads = jax.grad(lambda p: jnp.sum(model.apply(p, x, train=True).astype(
-      jnp.float32)))(params)
+  grads = jax.jit(jax.grad(lambda p: jnp.sum(model.apply(
+      p, x, train=True).astype(jnp.float32))))(params)
   assert all(np.isfinite(np.asarray(g, np.float32)).all()
              for g in jax.tree_util.tree_leaves(grads))
   with pytest.raises(type(error), match=str(error).split()[0]):
-    models.get_model("vit_ti_16", attention_impl="cudnn", **kw).apply(
-        params, x, train=False)
+    apply(models.get_model("vit_ti_16", attention_impl="cudnn", **kw))(
+        params, x)
 
 
 def test_a_failed_run_of_chosen_cudnn_is_not_retried_with_xla(monkeypatch):
