@@ -6,9 +6,9 @@
 #                                 # end to end, timm eager / torch.compile
 #   bash bench/gpu_session.sh 2   # XLA flag A/Bs, ViT-L/16, max-autotune
 #   bash bench/gpu_session.sh 3   # bigger models: ViT-L/16, ViT-H/14 (remat)
-#   BUDGET=540 bash bench/gpu_session.sh next   # one call: the GPU tests,
-#       .ab/base against the tree alternated, two XLA flags, part 1 on the
-#       tree, ViT-H/14;
+#   BUDGET=540 bash bench/gpu_session.sh next   # one call: .ab/base
+#       against the tree alternated, three XLA flags, part 1 on the tree,
+#       the GPU tests, ViT-H/14;
 #       each run skipped when the budget's seconds left are too few for it
 # .whl holds ml_collections, the one package such a machine lacks:
 #   pip download --no-deps --only-binary=:all: --python-version 3.12 \
@@ -100,32 +100,42 @@ case "${1:-1}" in
      (cd /tmp/prof_new && tar czf "$OUT/jax_prof_new.tgz" jax/step.hlo.txt \
        $(find jax -name "*.xplane.pb"))
      [ "${TESTS:-1}" = last ] && gpu_tests ;;
-  next) # The night of 2026-11-27 in one call (about 400 s on an H200 with
-     # the compilation cache): what the next session needs first.
-     fits 100 "tests/models/test_gpu.py" && { timeout 150 python3 -m pytest \
-       -q -p no:cacheprovider tests/models/test_gpu.py 2>&1; echo "pytest \
-       exit status $?"; } | tail -16 | tee "$OUT/gpu_tests.log"
+  next) # What the next session needs first, measurements before tests:
+     # .ab/base against the tree alternated, three XLA flags on the tree,
+     # part 1 on the tree (timm under torch.compile in the same process,
+     # train.py end to end, both profiles), tests/models/test_gpu.py, then
+     # ViT-H/14; each only while the budget's seconds last. TESTS=first
+     # runs the tests before the rest.
+     gpu_tests() { fits 100 "tests/models/test_gpu.py" && { timeout 150 \
+       python3 -m pytest -q -p no:cacheprovider tests/models/test_gpu.py \
+       2>&1; echo "pytest exit status $?"; } | tail -16 | tee \
+       "$OUT/gpu_tests.log"; }
+     [ "${TESTS:-last}" = first ] && gpu_tests
      B="--skip pipeline e2e logits timm torch --batch 256 --attention cudnn \
        --scan off --steps 30"
      for r in 1 2; do
-       fits 60 "base, round $r" && (cd .ab/base && timeout 70 python3 \
+       fits 50 "base, round $r" && (cd .ab/base && timeout 70 python3 \
          bench/accelerator.py $B)
-       fits 60 "new, round $r" && timeout 70 python3 bench/accelerator.py $B
+       fits 50 "new, round $r" && timeout 70 python3 bench/accelerator.py $B
      done 2>&1 | tee "$OUT/ab.log"
      # XLA's cuDNN LayerNorm and its block-level (Triton) normalisation
      # fusions: LayerNorm's passes are what the step has most of after the
-     # GEMMs and attention (docs/accelerators.md).
+     # GEMMs and attention (docs/accelerators.md); cuBLASLt, whose
+     # epilogues can take the dense layers' bias adds.
      for f in --xla_gpu_enable_cudnn_layer_norm=true \
-         --xla_gpu_experimental_enable_fusion_block_level_rewriter=true; do
-       fits 45 "new, XLA_FLAGS=$f" && XLA_FLAGS="$f" timeout 60 python3 \
+         --xla_gpu_experimental_enable_fusion_block_level_rewriter=true \
+         --xla_gpu_enable_cublaslt=true; do
+       fits 40 "new, XLA_FLAGS=$f" && XLA_FLAGS="$f" timeout 60 python3 \
          bench/accelerator.py $B
      done 2>&1 | tee "$OUT/flags.log"
-     fits 200 "part 1 on the tree" && { timeout 260 $A --batch 256 \
-       --attention cudnn --scan off --torch-compile eager default \
-       --profile /tmp/prof --json "$OUT/b16.json" 2>&1 | tee "$OUT/b16.log"
+     fits 170 "part 1 on the tree" && { timeout $((END - $(date +%s) - 5)) \
+       $A --batch 256 --attention cudnn --scan off --torch-compile \
+       ${PART1_TORCH:-default} --profile /tmp/prof --json "$OUT/b16.json" \
+       2>&1 | tee "$OUT/b16.log"
        (cd /tmp/prof && tar czf "$OUT/jax_prof.tgz" jax/step.hlo.txt \
          $(find jax -name "*.xplane.pb"); tar czf "$OUT/torch_prof.tgz" \
          torch_*.json); }
+     [ "${TESTS:-last}" = last ] && gpu_tests
      for run in "vit_h_14 --batch 64" "vit_h_14 --batch 128 --remat dots"; do
        fits 100 "$run" && timeout $((END - $(date +%s) - 5)) $A --skip \
          pipeline e2e logits timm torch --model $run --attention cudnn \
