@@ -14,6 +14,8 @@ import pytest
 from vit_jax.models import kernels, layers
 from vit_jax import models
 
+import compare
+
 
 def _qkv(b=2, n=7, h=3, hd=8, dtype=jnp.float32, seed=0):
   ks = jax.random.split(jax.random.key(seed), 3)
@@ -619,6 +621,61 @@ def test_chosen_cudnn_that_jax_refuses_runs_xla(monkeypatch, error):
   with pytest.raises(type(error), match=str(error).split()[0]):
     apply(models.get_model("vit_ti_16", attention_impl="cudnn", **kw))(
         params, x)
+
+
+@pytest.mark.parametrize("image_size", [32, 48])  # 5 tokens (padded), 10
+def test_cudnn_self_attention_folds_the_key_and_value_biases(monkeypatch,
+                                                             image_size):
+  """Where cuDNN runs self-attention without a mask, the key bias is
+  dropped (the softmax cancels it) and the value bias joins the out
+  projection's (b_v @ W_out): the same function and the same gradients as
+  XLA's attention with every bias applied, on weights where every bias
+  matters. A stand-in computes cuDNN's call with XLA's attention (the
+  rows of weights each sum to one either way)."""
+  real = jax.nn.dot_product_attention
+  calls = []
+
+  def dpa(*args, implementation=None, **kw):
+    calls.append(implementation)
+    return real(*args, implementation="xla" if implementation == "cudnn"
+                else implementation, **kw)
+  monkeypatch.setattr(jax.nn, "dot_product_attention", dpa)
+  kw = dict(num_classes=5, image_size=image_size, num_layers=2)
+  params = compare.perturb(models.init_params(
+      models.get_model("vit_ti_16", **kw), image_size, seed=1), seed=2,
+      std=0.3)
+  x = jax.random.normal(jax.random.key(0), (2, image_size, image_size, 3))
+
+  def run(impl):
+    model = models.get_model("vit_ti_16", attention_impl=impl, **kw)
+    def loss(p):
+      logits = model.apply(p, x, train=True)
+      return jnp.sum(jnp.sin(logits)), logits
+    return jax.jit(jax.value_and_grad(loss, has_aux=True))(params)
+  (_, want), want_g = run("xla")
+  (_, got), got_g = run("cudnn")
+  assert "cudnn" in calls, calls
+  np.testing.assert_allclose(got, want, rtol=1e-5,
+                             atol=1e-5 * np.abs(want).max())
+  for path, g in jax.tree_util.tree_leaves_with_path(got_g):
+    name = jax.tree_util.keystr(path)
+    w = _leaf(want_g, path)
+    if "key" in name and "bias" in name:  # not read: its gradient is 0
+      assert not np.any(np.asarray(g)), name
+      # XLA's, with the bias applied: zero up to rounding, against the
+      # value bias's beside it.
+      v = _leaf(want_g, path[:-2] + (jax.tree_util.DictKey("value"),
+                                    path[-1]))
+      assert np.abs(w).max() < 1e-4 * np.abs(v).max(), name
+    else:
+      np.testing.assert_allclose(g, w, rtol=2e-4,
+                                 atol=2e-5 * np.abs(w).max(), err_msg=name)
+
+
+def _leaf(tree, path):
+  for p in path:
+    tree = tree[p.key]
+  return tree
 
 
 def test_a_failed_run_of_chosen_cudnn_is_not_retried_with_xla(monkeypatch):

@@ -411,9 +411,31 @@ class MultiHeadDotProductAttention(nn.Module):
     xq = inputs_q.astype(cfg.dtype).reshape(b * n, d)
     xkv = xq if inputs_kv is inputs_q else inputs_kv.astype(
         cfg.dtype).reshape(b * s, d)
+    # Fused self-attention whose rows of weights each sum to one (no mask,
+    # bias, dropout or per-position rotation of the keys): the key bias adds
+    # the same q . b_k to every logit of a query, which the softmax cancels,
+    # and the value bias leaves every head's output as itself, so it joins
+    # the out projection's bias as b_v @ W_out. Both exactly; cuDNN then
+    # reads the GEMMs' outputs without two bias passes (and their gradient
+    # sums) per block. Only where cuDNN is chosen, so never on a CPU.
+    fold = (impl == "cudnn" and inputs_kv is inputs_q and mask is None
+            and rope is None and not cfg.qk_norm and rel_pos is None
+            and decomposed is None and cfg.rel_pos_bias is None
+            and not cfg.talking_heads and cfg.diff_attn is None
+            and not cfg.attn_norm and not use_dropout
+            and not cfg.sow_attention_weights)
     q = _project(xq, *qkv[0]).reshape(b, n, h, hd)
-    k = _project(xkv, *qkv[1]).reshape(b, s, h, hd)
-    v = _project(xkv, *qkv[2]).reshape(b, s, h, hd)
+    if fold:
+      k = _project(xkv, qkv[1][0], None).reshape(b, s, h, hd)
+      v = _project(xkv, qkv[2][0], None).reshape(b, s, h, hd)
+      if qkv[2][1] is not None:
+        folded = jnp.matmul(qkv[2][1].reshape(-1),
+                            out_kernel.reshape(h * hd, d),
+                            precision=jax.lax.Precision.HIGHEST)
+        out_bias = folded if out_bias is None else out_bias + folded
+    else:
+      k = _project(xkv, *qkv[1]).reshape(b, s, h, hd)
+      v = _project(xkv, *qkv[2]).reshape(b, s, h, hd)
     norm = cfg.norm()
     if cfg.diff_attn is not None:  # two maps per head (diffattn)
       y = self._differential(q, k, v, mask, lambda_init, use_dropout)
