@@ -127,7 +127,7 @@ case "${1:-1}" in
          --xla_gpu_enable_cublaslt=true; do
        fits 40 "new, XLA_FLAGS=$f" && XLA_FLAGS="$f" timeout 60 python3 \
          bench/accelerator.py $B
-     done 2>&1 | tee "$OUT/flags.log"
+     done 2>&1 | tee -a "$OUT/ab.log"  # one file: at most 8 come back
      fits 170 "part 1 on the tree" && { timeout $((END - $(date +%s) - 5)) \
        $A --batch 256 --attention cudnn --scan off --torch-compile \
        ${PART1_TORCH:-default} --profile /tmp/prof --json "$OUT/b16.json" \
@@ -139,7 +139,7 @@ case "${1:-1}" in
      for run in "vit_h_14 --batch 64" "vit_h_14 --batch 128 --remat dots"; do
        fits 100 "$run" && timeout $((END - $(date +%s) - 5)) $A --skip \
          pipeline e2e logits timm torch --model $run --attention cudnn \
-         --scan off --steps 20
+         --scan on --steps 20  # unrolled, its compile outlasted 125 s
      done 2>&1 | tee "$OUT/large.log" ;;
 esac
 ls -la "$OUT"; echo "$(( $(date +%s) - T0 )) s"
