@@ -7,7 +7,7 @@
 #   bash bench/gpu_session.sh 2   # XLA flag A/Bs, ViT-L/16, max-autotune
 #   bash bench/gpu_session.sh 3   # bigger models: ViT-L/16, ViT-H/14 (remat)
 #   BUDGET=540 bash bench/gpu_session.sh next   # one call: .ab/base
-#       against the tree alternated, three XLA flags, part 1 on the tree,
+#       against the tree alternated, attention alone, part 1 on the tree,
 #       the GPU tests, ViT-H/14;
 #       each run skipped when the budget's seconds left are too few for it
 # .whl holds ml_collections, the one package such a machine lacks:
@@ -101,7 +101,7 @@ case "${1:-1}" in
        $(find jax -name "*.xplane.pb"))
      [ "${TESTS:-1}" = last ] && gpu_tests ;;
   next) # What the next session needs first, measurements before tests:
-     # .ab/base against the tree alternated, three XLA flags on the tree,
+     # .ab/base against the tree alternated, attention alone,
      # part 1 on the tree (timm under torch.compile in the same process,
      # train.py end to end, both profiles), tests/models/test_gpu.py, then
      # ViT-H/14; each only while the budget's seconds last. TESTS=first
@@ -113,18 +113,19 @@ case "${1:-1}" in
      [ "${TESTS:-last}" = first ] && gpu_tests
      B="--skip pipeline e2e logits timm torch --batch 256 --attention cudnn \
        --scan off --steps 30"
-     for r in 1 2; do
+     for r in $([ -d .ab/base ] && echo 1 2); do  # only with a baseline
        fits 50 "base, round $r" && (cd .ab/base && timeout 70 python3 \
          bench/accelerator.py $B)
        fits 50 "new, round $r" && timeout 70 python3 bench/accelerator.py $B
      done 2>&1 | tee "$OUT/ab.log"
-     # XLA's cuDNN LayerNorm and its block-level (Triton) normalisation
-     # fusions: LayerNorm's passes are what the step has most of after the
-     # GEMMs and attention (docs/accelerators.md); cuBLASLt, whose
-     # epilogues can take the dense layers' bias adds.
-     for f in --xla_gpu_enable_cudnn_layer_norm=true \
-         --xla_gpu_experimental_enable_fusion_block_level_rewriter=true \
-         --xla_gpu_enable_cublaslt=true; do
+     # Attention alone (cuDNN, XLA, Pallas's flash kernels at two block
+     # sizes): the step's largest lever after the GEMMs.
+     fits 60 "attention alone" && timeout 90 python3 bench/attention.py \
+       2>&1 | tee -a "$OUT/ab.log"
+     # XLA flags tried on 2026-11-28, none beyond the spread: cuDNN's
+     # LayerNorm, the block-level normalisation fusions, cuBLASLt
+     # (docs/accelerators.md); FLAGS="..." runs each named one again.
+     for f in ${FLAGS:-}; do
        fits 40 "new, XLA_FLAGS=$f" && XLA_FLAGS="$f" timeout 60 python3 \
          bench/accelerator.py $B
      done 2>&1 | tee -a "$OUT/ab.log"  # one file: at most 8 come back

@@ -186,3 +186,23 @@ def test_gpu_trace_kernels_named_by_fusion_or_library():
     assert ops.kernel_group(kernel) == group, kernel
   assert ops.trace_label("a/jax", ["a/jax", "b/jax/"]) == "a/jax"
   assert ops.trace_label("t.json", ["a/jax", "t.json"]) == "t.json"
+
+
+def test_attention_bench_checks_each_implementation_on_the_cpu():
+  """bench/attention.py on a CPU: XLA's attention and Pallas's flash
+  kernels (in Pallas's interpreter, the tokens padded to its blocks) each
+  within bfloat16 rounding of float32 attention, output and gradients;
+  cuDNN, which a CPU has not, says so in its row."""
+  from bench import attention  # pylint: disable=import-outside-toplevel
+  res = attention.main(["--batch", "2", "--tokens", "13", "--heads", "2",
+                        "--head-dim", "16", "--pallas-blocks", "16",
+                        "--pallas-bwd-blocks", "16", "--steps", "1",
+                        "--interpret"])
+  rows = {r["impl"]: r for r in res["rows"]}
+  assert list(rows) == ["cudnn", "xla", "pallas:16"]
+  assert "error" in rows["cudnn"]
+  for impl in ("xla", "pallas:16"):
+    assert "error" not in rows[impl], rows[impl]
+    assert max(rows[impl]["rel_err"].values()) < 2e-2, rows[impl]
+  assert res["flops"] == 14 * 2 * 2 * 13 * 13 * 16
+  assert "pallas:16" in attention.format_rows(res)
