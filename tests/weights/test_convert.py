@@ -86,6 +86,28 @@ def test_scanned_tree_converts_both_ways():
   assert_close_rel(model.apply(variables, nhwc(x)), ref)
 
 
+@pytest.mark.parametrize("scan", [False, True])
+def test_converted_weights_are_their_own_memory(scan):
+  """The state dict's tensors are read in place, not copied first: what
+  comes out shares no memory with them (a torch model trained on after the
+  conversion leaves ours as they were), and they are left unchanged."""
+  tv = _small_tv()
+  sd = tv.state_dict()
+  before = {k: v.clone() for k, v in sd.items()}
+  _, variables = convert.from_torchvision(sd, NAME, scan_layers=scan, **ARCH)
+  assert all(torch.equal(sd[k], v) for k, v in before.items())
+  leaves = jax.tree_util.tree_leaves(variables)
+  kept = [np.array(x) for x in leaves]
+  tensors = [v.numpy() for v in sd.values()]
+  for x in leaves:
+    assert isinstance(x, np.ndarray) and x.flags.writeable
+    assert not any(np.shares_memory(x, t) for t in tensors)
+  with torch.no_grad():
+    for v in tv.parameters():
+      v.add_(1.0)
+  assert all(np.array_equal(x, k) for x, k in zip(leaves, kept))
+
+
 def test_numpy_inputs_legacy_mlp_names_and_ddp_prefix():
   tv = _small_tv()
   ref = {k: v.numpy() for k, v in tv.state_dict().items()}

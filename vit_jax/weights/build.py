@@ -490,7 +490,11 @@ def from_state_dict(state_dict, name: Optional[str] = None, *,
     overrides = dict(overrides, num_heads=int(num_heads))
   if name is not None:
     check_known(name)
-  sd = files.unwrap(state_dict, f"a {layout or 'ViT'} state_dict")
+  # Read in place: each tensor is copied once, where it lands (a scanned
+  # model's stacked blocks are new arrays already; trees.owned copies the
+  # rest), not first here and then again to stack it.
+  sd = files.unwrap(state_dict, f"a {layout or 'ViT'} state_dict",
+                    copy=False)
   detected = layout is None
   layout = layout or layouts.detect(list(sd))
   if layout is None:
@@ -559,9 +563,11 @@ def from_state_dict(state_dict, name: Optional[str] = None, *,
   if (image_size is None and resample.startswith("radio") and
       np.shape(flat.get(_POS, ()))[1:2] == (128 * 128,)):
     image_size = parsed["image_size"]  # RADIO's 128x128 grid -> the name's
-  return _finish(variables, arch, image_size, overrides,
-                 what + (name or trees.describe(arch)), (table, sd),
-                 resample=resample, named_size=parsed and parsed["image_size"])
+  model, variables = _finish(
+      variables, arch, image_size, overrides,
+      what + (name or trees.describe(arch)), (table, sd), resample=resample,
+      named_size=parsed and parsed["image_size"])
+  return model, trees.owned(variables)
 
 
 def _native_hint(layout, name, config):

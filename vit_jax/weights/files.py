@@ -102,9 +102,12 @@ def _damaged_torch_file(path: str) -> bool:
   return False
 
 
-def unwrap(obj, what: str = "a state dict") -> Dict[str, Any]:
+def unwrap(obj, what: str = "a state dict", copy: bool = True
+           ) -> Dict[str, Any]:
   """A state dict from what people save: a torch module, a training
-  checkpoint ``{'model': ..., 'optimizer': ...}``, or the dict itself."""
+  checkpoint ``{'model': ..., 'optimizer': ...}``, or the dict itself.
+  ``copy=False``: torch tensors read through read-only views
+  (:func:`trees.to_numpy`)."""
   if hasattr(obj, "state_dict") and callable(obj.state_dict):
     obj = obj.state_dict()
   if not isinstance(obj, Mapping):
@@ -114,7 +117,7 @@ def unwrap(obj, what: str = "a state dict") -> Dict[str, Any]:
     if key in obj and isinstance(obj[key], Mapping):
       obj = obj[key]
       break
-  return {k: trees.to_numpy(v) for k, v in obj.items()
+  return {k: trees.to_numpy(v, copy) for k, v in obj.items()
           if hasattr(v, "shape") or isinstance(v, (int, float, np.ndarray))}
 
 

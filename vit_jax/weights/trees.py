@@ -20,20 +20,39 @@ _BLOCK = re.compile(r"^encoderblock_(\d+)$")
 _CLASS_BLOCK = re.compile(r"^classblock_\d+$")  # CaiT's class attention
 
 
-def to_numpy(x) -> np.ndarray:
+def to_numpy(x, copy: bool = True) -> np.ndarray:
   """torch tensor / jax array / numpy -> numpy. torch's float16/bfloat16
   become float32 (numpy cannot hold torch's bfloat16); a bfloat16 saved by
-  numpy (2-byte void) is read as ml_dtypes' bfloat16 and kept."""
+  numpy (2-byte void) is read as ml_dtypes' bfloat16 and kept. A torch
+  tensor is copied, or with ``copy=False`` read through a read-only view of
+  its memory (then :func:`owned` before anything is handed out)."""
   if hasattr(x, "detach"):  # torch.Tensor, without importing torch
     x = x.detach().cpu()
     if str(x.dtype) in ("torch.bfloat16", "torch.float16"):
       x = x.float()
-    return x.numpy().copy()  # .numpy() would share the tensor's memory
+    if copy:
+      return x.numpy().copy()  # .numpy() would share the tensor's memory
+    view = x.numpy()
+    view.flags.writeable = False  # theirs: nothing here writes into it
+    return view
   x = np.asarray(x)
   if x.dtype.kind == "V" and x.dtype.itemsize == 2:  # bfloat16 via np.savez
     import ml_dtypes  # pylint: disable=import-outside-toplevel
     x = x.view(ml_dtypes.bfloat16)
   return x
+
+
+def owned(tree):
+  """The tree with every numpy leaf its own memory: a view (of a state
+  dict's tensors read with ``to_numpy(copy=False)``, or of another array)
+  copied, an array made here (stacked layers, resampled tables) kept as it
+  is. Each leaf is copied at most once on its way from a state dict."""
+  def own(x):
+    if isinstance(x, np.ndarray) and not (x.flags.owndata and
+                                          x.flags.writeable):
+      return np.array(x)
+    return x
+  return tree_map(own, tree)
 
 
 def f32(x) -> np.ndarray:
