@@ -43,15 +43,19 @@ def to_numpy(x, copy: bool = True) -> np.ndarray:
 
 
 def owned(tree):
-  """The tree with every numpy leaf its own memory: a view (of a state
-  dict's tensors read with ``to_numpy(copy=False)``, or of another array)
-  copied, an array made here (stacked layers, resampled tables) kept as it
-  is. Each leaf is copied at most once on its way from a state dict."""
+  """The tree with no numpy leaf in a torch tensor's memory: a leaf that is
+  a view of one (a state dict read with ``to_numpy(copy=False)``; its
+  ``base`` chain ends at the tensor) is copied, every other leaf kept as
+  it is (arrays made here, such as stacked layers, and numpy inputs, as
+  :func:`to_numpy` keeps them). Each tensor is copied at most once on its
+  way from a state dict."""
   def own(x):
-    if isinstance(x, np.ndarray) and not (x.flags.owndata and
-                                          x.flags.writeable):
-      return np.array(x)
-    return x
+    if not isinstance(x, np.ndarray):
+      return x
+    owner = x
+    while isinstance(owner, np.ndarray) and owner.base is not None:
+      owner = owner.base
+    return np.array(x) if hasattr(owner, "detach") else x  # torch's
   return tree_map(own, tree)
 
 
