@@ -12,6 +12,9 @@ Of the names whose architecture records differ only in their image size,
 one runs at timm's input size, as does every name whose size is not a
 multiple of its patch; the others on a 4x4 grid of patches (the same model
 as the group's other small ones). NaFlex names take two images' patch dicts.
+Models that resize their positions in forward (SAM, LingBot) and differ
+from a narrower one only in widths and depths are built at timm's size and
+fed 16x16 patches (``verify.plan``).
 Our own variants (``vit_b_16`` ...) are torchvision's: test_parity.py.
 
 Names timm has that vit_jax does not build are refused by name, saying
@@ -57,6 +60,14 @@ def test_every_listed_name_is_planned():
   assert {"deit_base_patch16_224", "vit_so400m_patch14_siglip_384",
           "vit_7b_patch16_dinov3"} <= native
   assert "vit_base_patch16_384" not in native
+  # Models that resize their positions in forward: the narrowest of a kind
+  # at timm's size, the others built at it and fed 16x16 patches.
+  resized = {c.name: c.grid for c in PLAN if c.grid}
+  assert resized == {"samvit_large_patch16": 16, "samvit_huge_patch16": 16,
+                     "vit_base_patch16_lingbot": 16,
+                     "vit_large_patch16_lingbot": 16}
+  assert {"samvit_base_patch16", "vit_small_patch16_lingbot",
+          "vit_giant_patch16_lingbot"} <= native - set(resized)
 
 
 # Slow as a whole (every listed name at its real width, one per record at
@@ -66,7 +77,8 @@ def test_every_listed_name_is_planned():
 @pytest.mark.slow
 @pytest.mark.parametrize("name", [c.name for c in PLAN])
 def test_listed_name_equals_timm(name, random_weights, record_property):
-  result = verify.verify_timm(name, small=_PLANNED[name].small,
+  check = _PLANNED[name]
+  result = verify.verify_timm(name, small=check.small, grid=check.grid,
                               weights=random_weights)
   # Within 1e-5 of timm's float32 logits, or (deep ResNet stems, whose
   # float32 logits timm itself gets 2-4e-5 from its float64 ones) within

@@ -36,6 +36,7 @@ imports neither.
 from __future__ import annotations
 
 import contextlib
+import functools
 import dataclasses
 import time
 import zlib
@@ -49,6 +50,12 @@ REL = 1e-5
 # (the position embedding built for it): square, so that a name's square
 # resolution stays a square grid.
 SMALL_GRID = 4
+# The input of a name built at timm's size whose model resizes its
+# positions in forward (timm's ``dynamic_img_size``: SAM, DINOv3,
+# LingBot) where a smaller one of the same kind runs at that size
+# (:func:`plan`): a square of patches, past SAM's 14-patch window (so
+# windows are padded) and below every such name's own grid.
+RESIZED_GRID = 16
 # The images' scale (the weights': RandomWeights.scale): small enough that
 # the first norm's epsilon shows (1e-5 for 1e-6 moves the logits ~1e-4).
 IMAGE_STD = 0.1
@@ -353,10 +360,13 @@ def _forward(model, variables, x):
 
 class Check(NamedTuple):
   """One name of a :func:`plan`: at timm's input size or ``small``; the
-  names of one ``group`` share a record but for the image size."""
+  names of one ``group`` share a record but for the image size. ``grid``:
+  built at timm's size, fed a square of ``grid`` patches (None: its own
+  size)."""
   name: str
   small: bool
   group: int
+  grid: Optional[int] = None
 
 
 def plan(archs: Mapping[str, Mapping[str, Any]]) -> List[Check]:
@@ -367,7 +377,16 @@ def plan(archs: Mapping[str, Mapping[str, Any]]) -> List[Check]:
   multiple of its patch (the loader keeps the remainder out, as timm's
   convolution) and every NaFlex name (its input is patches); the others
   run on a ``SMALL_GRID`` square of patches (the same model as their
-  group's other small ones: one compile)."""
+  group's other small ones: one compile).
+
+  Models that resize their positions in forward (``dynamic_img_size``
+  records: SAM, DINOv3, LingBot) and differ from another such record only
+  in their widths and depths (``_SIZE_FIELDS``) are one kind: the
+  narrowest of a kind runs at timm's size; the others, built at timm's
+  size (every weight its real shape), on a ``RESIZED_GRID`` square of
+  patches where their own grid is larger (timm's resampling of the
+  position embedding and rel-pos tables, checked on the way: SAM-L and
+  SAM-H at 256 px rather than 1024, 40 s each on a 2-core Zen 3)."""
   groups: Dict[str, List[str]] = {}
   for name in sorted(archs):
     key = repr(sorted((k, repr(v)) for k, v in archs[name].items()
@@ -383,7 +402,40 @@ def plan(archs: Mapping[str, Mapping[str, Any]]) -> List[Check]:
       odd = any(int(s) % patch for s in rec.get("image_size") or ())
       small = not (name == first or odd or is_naflex(name))
       out.append(Check(name, small, group))
-  return out
+  return _resized(archs, out)
+
+
+# The fields a kind of dynamic-size model varies (see :func:`plan`).
+_SIZE_FIELDS = ("hidden_size", "num_layers", "num_heads", "mlp_dim",
+                "global_attn_indexes", "image_size")
+
+
+def _resized(archs, checks: List[Check]) -> List[Check]:
+  """``checks`` with ``grid`` set where :func:`plan` says."""
+  import dataclasses  # pylint: disable=import-outside-toplevel
+
+  from vit_jax import models  # pylint: disable=import-outside-toplevel
+  defaults = {f.name: f.default
+              for f in dataclasses.fields(models.VisionTransformer)}
+  field = lambda n, k: archs[n].get(k, defaults.get(k))  # noqa: E731
+  kinds: Dict[str, List[str]] = {}
+  for c in checks:
+    rec = archs[c.name]
+    if rec.get("dynamic_img_size") and not c.small and not is_naflex(c.name):
+      key = repr(sorted((k, repr(v)) for k, v in rec.items()
+                        if k not in _SIZE_FIELDS))
+      kinds.setdefault(key, []).append(c.name)
+  grid = {}
+  for names in kinds.values():
+    first = min(names, key=lambda n: (field(n, "hidden_size"),
+                                      field(n, "num_layers"), n))
+    for n in names:
+      size = archs[n].get("image_size") or ()
+      patch = int(field(n, "patch_size"))
+      if n != first and size and min(int(s) // patch
+                                     for s in size) > RESIZED_GRID:
+        grid[n] = RESIZED_GRID
+  return [c._replace(grid=grid.get(c.name)) for c in checks]
 
 
 def verify_many(checks: Sequence[Check],
@@ -399,7 +451,8 @@ def verify_many(checks: Sequence[Check],
   out: Dict[str, Any] = {}
   for c in checks:
     try:
-      out[c.name] = verify_timm(c.name, small=c.small, weights=weights)
+      out[c.name] = verify_timm(c.name, small=c.small, grid=c.grid,
+                                weights=weights)
     except NotVerified as e:
       out[c.name] = e
     except Exception as e:  # pylint: disable=broad-except
@@ -410,14 +463,18 @@ def verify_many(checks: Sequence[Check],
 def verify_timm(name: str, *, depth: Optional[int] = 2, small: bool = False,
                 rel: float = REL, batch: Optional[int] = None,
                 weights: Optional[RandomWeights] = None,
-                load: Optional[Callable[..., Any]] = None) -> Verified:
+                load: Optional[Callable[..., Any]] = None,
+                grid: Optional[int] = None) -> Verified:
   """Checks timm's architecture ``name`` against ours, both ways; raises
   :class:`NotVerified` (naming the stage and the error) or returns the
   errors. ``small``: a small grid of patches where the architecture takes
   one (else timm's own input size); ``depth``: the blocks (None: timm's);
   ``batch``: images (default: 2 on the small grid, 1 at timm's size; a
   NaFlex batch is two images); ``load(state_dict, name) -> (model,
-  variables)``: the loader checked (default :func:`formats.from_timm`)."""
+  variables)``: the loader checked (default :func:`formats.from_timm`);
+  ``grid``: the model built at timm's size takes a square of ``grid``
+  patches (one whose positions are resized in forward: timm's
+  ``dynamic_img_size``)."""
   import torch  # pylint: disable=import-outside-toplevel
 
   # torch on one thread: for these short calls its idle OpenMP threads
@@ -426,12 +483,13 @@ def verify_timm(name: str, *, depth: Optional[int] = 2, small: bool = False,
   threads = torch.get_num_threads()
   torch.set_num_threads(1)
   try:
-    return _verify(name, depth, small, rel, batch, weights, load)
+    return _verify(name, depth, small, rel, batch, weights, load, grid)
   finally:
     torch.set_num_threads(threads)
 
 
-def _verify(name, depth, small, rel, batch, weights, load) -> Verified:
+def _verify(name, depth, small, rel, batch, weights, load,
+            grid=None) -> Verified:
   import jax  # pylint: disable=import-outside-toplevel
   import torch  # pylint: disable=import-outside-toplevel
   from vit_jax.weights import layouts, saving  # pylint: disable=import-outside-toplevel
@@ -443,6 +501,13 @@ def _verify(name, depth, small, rel, batch, weights, load) -> Verified:
     raise NotVerified(name, "timm build", f"{type(e).__name__}: {e}") from e
   size = None if is_naflex(name) else tuple(
       int(s) for s in m.patch_embed.img_size)
+  if grid is not None and size is not None:
+    if small:
+      raise ValueError("verify_timm: grid= is for a model built at timm's "
+                       "size, not a small one")
+    pe = m.patch_embed
+    size = tuple(grid * (int(i) // int(g))
+                 for i, g in zip(pe.img_size, pe.grid_size))
   batch = batch or (2 if "img_size" in kwargs else 1)
   x, xt = inputs(name, m, size, batch)
   clock("build")
@@ -450,6 +515,8 @@ def _verify(name, depth, small, rel, batch, weights, load) -> Verified:
     ref = m(xt).numpy()
   clock("timm")
   try:
+    if load is None and grid is not None:  # resized in forward, as timm
+      load = functools.partial(_from_timm, dynamic_img_size=True)
     model, variables = (load or _from_timm)(sd, name)
   except Exception as e:  # pylint: disable=broad-except
     raise NotVerified(name, "from_timm", f"{type(e).__name__}: {e}") from e
@@ -480,7 +547,8 @@ def _verify(name, depth, small, rel, batch, weights, load) -> Verified:
           f"timm with our weights differs: rel {err_back:.3g} > {rel:g}"))
   clock("back")
   return Verified(name=name, depth=kwargs.get("depth"), image_size=size,
-                  native="img_size" not in kwargs, rel=err, rel_back=err_back,
+                  native="img_size" not in kwargs and grid is None,
+                  rel=err, rel_back=err_back,
                   seconds=clock.total, phases=clock.phases, exact=exact)
 
 
@@ -500,10 +568,10 @@ def _exact_errors(m, xt, got, ref, name) -> Tuple[float, float]:
   return _rel(got, exact, name), _rel(ref, exact, name)
 
 
-def _from_timm(state_dict, name):
+def _from_timm(state_dict, name, **options):
   """:func:`vit_jax.formats.from_timm` (this room's own function)."""
   from vit_jax.weights import build  # pylint: disable=import-outside-toplevel
-  return build.from_state_dict(state_dict, name, layout="timm")
+  return build.from_state_dict(state_dict, name, layout="timm", **options)
 
 
 class _Clock:
