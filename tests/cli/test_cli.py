@@ -128,3 +128,37 @@ def test_every_tool_checks_the_model_name(tool, model, says, tiny_ckpt,
              model] + rest)
   err = capsys.readouterr().err
   assert rc == 1 and re.search(says, err), (tool, err)
+
+
+def test_weights_cli_tries_in_order_in_one_process(tmp_path, capsys):
+  """``--then``: train.py's fallbacks (the recipe's name, then only what
+  was stated) in one child; the error and exit status are the last try's,
+  the last line of the output says which try was written."""
+  import json  # pylint: disable=import-outside-toplevel
+
+  import torch  # pylint: disable=import-outside-toplevel
+  import torchvision  # pylint: disable=import-outside-toplevel
+  from vit_jax import weights  # pylint: disable=import-outside-toplevel
+  from vit_jax.weights import __main__ as weights_cli  # pylint: disable=import-outside-toplevel
+  torch.manual_seed(0)
+  tv = torchvision.models.VisionTransformer(  # width 32: no usual heads
+      image_size=32, patch_size=8, num_layers=1, num_heads=2, hidden_dim=32,
+      mlp_dim=64, num_classes=3)
+  pth = str(tmp_path / "tiny.pth")
+  torch.save(tv.state_dict(), pth)
+  out = str(tmp_path / "o.safetensors")
+  args = [pth, out, "--model", "vit_b_16", "--overrides", '{"num_heads": 2}']
+  assert weights_cli.main(args) == 3  # one try: not ViT-B/16's sizes
+  assert "try" not in capsys.readouterr().out
+  unnamed = {"model": None, "overrides": {}}
+  assert weights_cli.main(args + ["--then", json.dumps([unnamed])]) == 5
+  err = capsys.readouterr().err
+  assert err.startswith("error: ") and "num_heads" in err, err
+  import os  # pylint: disable=import-outside-toplevel
+  assert not os.path.exists(out)
+  headed = {"model": None, "overrides": {"num_heads": 2}}
+  assert weights_cli.main(args + ["--then", json.dumps([unnamed,
+                                                        headed])]) == 0
+  lines = capsys.readouterr().out.splitlines()
+  assert lines[-1] == "try 2" and lines[0].startswith(out), lines
+  assert weights.load(out).model.num_heads == 2

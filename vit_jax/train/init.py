@@ -26,7 +26,7 @@ import re
 import subprocess
 import sys
 import tempfile
-from typing import Any, Dict, Optional
+from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 import jax
 import jax.numpy as jnp
@@ -84,13 +84,21 @@ _CHILD_ERRORS = {3: lambda why: build.NameMismatch(why, {}),
                  5: lambda why: layouts.Undecided(why, "num_heads")}
 
 
-def _convert_in_child(source: str, out: str, model_name: Optional[str],
-                      image_size: int, stated: Dict[str, Any]) -> None:
-  """``python -m vit_jax.weights SOURCE OUT``: torch stays in the child."""
+def _convert_in_child(source: str, out: str,
+                      tries: Sequence[Tuple[Optional[str], Dict[str, Any]]],
+                      image_size: int) -> int:
+  """``python -m vit_jax.weights SOURCE OUT``: torch stays in the child.
+  ``tries``: (model name, stated sizes) in order, all in the one child
+  (its imports once); returns the index of the one written, or raises the
+  last one's error."""
+  (model_name, stated), rest = tries[0], tries[1:]
   cmd = [sys.executable, "-m", "vit_jax.weights", source, out,
          "--image-size", str(image_size), "--overrides", json.dumps(stated)]
   if model_name:
     cmd += ["--model", model_name]
+  if rest:
+    cmd += ["--then", json.dumps([{"model": n, "overrides": s}
+                                  for n, s in rest])]
   root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
   env = dict(os.environ)
   env["PYTHONPATH"] = os.pathsep.join(
@@ -104,6 +112,8 @@ def _convert_in_child(source: str, out: str, model_name: Optional[str],
     raise weights.CheckpointError(
         f"config.init_weights={source!r} could not be converted (python -m "
         f"vit_jax.weights, exit {p.returncode}): {why}") from cause
+  last = (p.stdout.strip().splitlines() or [""])[-1]
+  return int(last.split()[1]) if rest and last.startswith("try ") else 0
 
 
 def _cause(e: BaseException, kind) -> Optional[BaseException]:
@@ -177,25 +187,38 @@ def load_initial_weights(config, stated=()) -> Optional[InitialWeights]:
     recipe_name = config.model_name
   size = int(config.image_size)
 
-  def attempt(name, sizes):
+  def attempt(tries):
+    """The first of ``tries`` ((name, sizes)) that loads, and its index;
+    or the last one's error. PyTorch files: all in one child process."""
     src = rec.name if named else source
     if files.needs_torch(source):
       with tempfile.TemporaryDirectory(prefix="vit_jax_init_") as d:
         out = os.path.join(d, "init_weights.safetensors")
-        _convert_in_child(src, out, name, size, sizes)
+        i = _convert_in_child(src, out, tries, size)
         loaded = weights.load(out)
-        loaded.info.setdefault("model_name", name)
-        return loaded
-    loaded = weights.load(src, model_name=name, image_size=size, **sizes)
-    loaded.info.setdefault("model_name", name)
-    return loaded
+        loaded.info.setdefault("model_name", tries[i][0])
+        return i, loaded
+    for i, (name, sizes) in enumerate(tries):
+      try:
+        loaded = weights.load(src, model_name=name, image_size=size, **sizes)
+      except weights.CheckpointError:
+        if i + 1 < len(tries):
+          continue
+        raise
+      loaded.info.setdefault("model_name", name)
+      return i, loaded
+    raise AssertionError("no tries")
 
   # torchvision's releases are only found by the variant's name: the
   # recipe's (configs/b16.py: vit_b_16) is theirs unless one is given.
   base_name = given_name
   if source.startswith("torchvision:") and base_name is None:
     base_name, recipe_name = config.model_name, None
-  loaded, used_recipe = None, False
+  # What is tried, in order, until one loads: the recipe's model (if it
+  # is these weights'), the recipe's timm name with only what was stated
+  # (its sizes another depth's), then only what was stated.
+  tries: List[Tuple[Optional[str], Dict[str, Any]]] = []
+  patch = None
   if recipe_name is not None or recipe:
     # The recipe's model, if it is these weights': its sizes are checked
     # against them (and give what they do not store: the heads), but its
@@ -207,28 +230,26 @@ def load_initial_weights(config, stated=()) -> Optional[InitialWeights]:
                    **sizes)
       name = base_name
     patch = sizes.pop("patch_size", None)
+    tries.append((name, dict(sizes, **given)))
+  if (recipe_name is not None and recipe and not _variant(recipe_name)):
+    tries.append((recipe_name, dict(given)))
+  tries.append((base_name, dict(given)))
+  first = 0
+  while True:
     try:
-      loaded = attempt(name, dict(sizes, **given))
-    except weights.CheckpointError:
-      loaded = None
-    if loaded is not None and patch is not None and patch != int(
-        loaded.model.patch_size):
-      loaded = None  # a recipe for another model
-    used_recipe = loaded is not None
-    if used_recipe:
-      loaded.info["model_name"] = base_name or recipe_name
-  if (loaded is None and recipe_name is not None and recipe and
-      not _variant(recipe_name)):
-    try:  # the recipe's timm name fits, its sizes do not (another depth)
-      loaded = attempt(recipe_name, given)
-    except weights.CheckpointError:
-      loaded = None
-  if loaded is None:
-    try:
-      loaded = attempt(base_name, given)
+      i, loaded = attempt(tries[first:])
     except weights.CheckpointError as e:
       raise weights.CheckpointError(
           f"{e}{_what_to_pass(e, config, given_name, recipe)}") from e
+    i += first
+    if (i == 0 and len(tries) > 1 and patch is not None and
+        patch != int(loaded.model.patch_size)):
+      first = 1  # a recipe for another model: the next tries
+      continue
+    break
+  used_recipe = i == 0 and len(tries) > 1
+  if used_recipe:
+    loaded.info["model_name"] = base_name or recipe_name
   arch = models.arch_record(loaded.model)
   for k, v in given.items():  # applied, or (the weights show it) refused
     if arch[k] != v:

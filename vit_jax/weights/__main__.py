@@ -1,6 +1,7 @@
 """Any weights :func:`vit_jax.weights.load` reads -> one torch-free file.
 
     python -m vit_jax.weights SOURCE OUT.safetensors [--model NAME] [--image-size N]
+        [--overrides JSON] [--then JSON]
 
 ``SOURCE`` is anything ``load`` accepts (a ``.pth`` state dict, a Google
 ``.npz``, ``hf-hub:org/name``, ``torchvision:IMAGENET1K_V1`` with
@@ -13,7 +14,11 @@ importing torch beside JAX.
 Exit status: 0 written; 1 an error (one ``error:`` line); 3 the weights are
 not of the ``--model`` named; 4 they need a ``--model`` name (what the
 keys cannot show); 5 they need ``num_heads`` (a width without a usual
-number of heads).
+number of heads). With ``--then``, further tries (another name, other
+stated sizes) are made in the same process, where the ones before fail:
+the error and the status are the last try's, and the output's last line
+``try N`` says which was written (torch is imported once, not once a
+try).
 """
 
 from __future__ import annotations
@@ -76,18 +81,37 @@ def main(argv: Optional[list] = None) -> int:
   p.add_argument("--overrides", default="{}",
                  help="JSON object of model fields the checkpoint is stated to "
                       "have (e.g. '{\"num_heads\": 2}')")
+  p.add_argument("--then", default="[]",
+                 help="JSON list of further tries, each {\"model\": NAME or "
+                      "null, \"overrides\": {...}}, made in order where the "
+                      "ones before fail to load; the last line of the output "
+                      "says which was written ('try N', 0 the first)")
   args = p.parse_args(argv)
   from vit_jax import weights  # pylint: disable=import-outside-toplevel
   console.quiet_native_logs()
+  tries = [{"model": args.model, "overrides": args.overrides}]
   try:
-    overrides = json.loads(args.overrides)
-    loaded = convert(args.source, args.out, model_name=args.model,
-                     image_size=args.image_size, **overrides)
-  except (weights.CheckpointError, ValueError, FileNotFoundError) as e:
-    print(f"error: {e}", file=sys.stderr, flush=True)
-    return _status(e)
-  print(f"{args.out}: {loaded.description}")
-  return 0
+    tries += json.loads(args.then)
+  except ValueError as e:
+    print(f"error: --then is not a JSON list: {e}", file=sys.stderr)
+    return 1
+  for i, t in enumerate(tries):
+    try:
+      overrides = t.get("overrides") or {}
+      if isinstance(overrides, str):
+        overrides = json.loads(overrides)
+      loaded = convert(args.source, args.out, model_name=t.get("model"),
+                       image_size=args.image_size, **overrides)
+    except (weights.CheckpointError, ValueError, FileNotFoundError) as e:
+      if i + 1 < len(tries):
+        continue
+      print(f"error: {e}", file=sys.stderr, flush=True)
+      return _status(e)
+    print(f"{args.out}: {loaded.description}")
+    if len(tries) > 1:
+      print(f"try {i}")
+    return 0
+  return 1
 
 
 if __name__ == "__main__":
