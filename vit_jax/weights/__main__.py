@@ -89,19 +89,17 @@ def main(argv: Optional[list] = None) -> int:
   args = p.parse_args(argv)
   from vit_jax import weights  # pylint: disable=import-outside-toplevel
   console.quiet_native_logs()
-  tries = [{"model": args.model, "overrides": args.overrides}]
   try:
-    tries += json.loads(args.then)
+    tries = [{"model": args.model, "overrides": json.loads(args.overrides)},
+             *json.loads(args.then)]
   except ValueError as e:
-    print(f"error: --then is not a JSON list: {e}", file=sys.stderr)
+    print(f"error: --overrides / --then are not JSON: {e}", file=sys.stderr)
     return 1
   for i, t in enumerate(tries):
     try:
-      overrides = t.get("overrides") or {}
-      if isinstance(overrides, str):
-        overrides = json.loads(overrides)
       loaded = convert(args.source, args.out, model_name=t.get("model"),
-                       image_size=args.image_size, **overrides)
+                       image_size=args.image_size,
+                       **(t.get("overrides") or {}))
     except (weights.CheckpointError, ValueError, FileNotFoundError) as e:
       if i + 1 < len(tries):
         continue

@@ -36,8 +36,8 @@ imports neither.
 from __future__ import annotations
 
 import contextlib
-import functools
 import dataclasses
+import functools
 import time
 import zlib
 from typing import (Any, Callable, Dict, List, Mapping, NamedTuple,
@@ -412,8 +412,6 @@ _SIZE_FIELDS = ("hidden_size", "num_layers", "num_heads", "mlp_dim",
 
 def _resized(archs, checks: List[Check]) -> List[Check]:
   """``checks`` with ``grid`` set where :func:`plan` says."""
-  import dataclasses  # pylint: disable=import-outside-toplevel
-
   from vit_jax import models  # pylint: disable=import-outside-toplevel
   defaults = {f.name: f.default
               for f in dataclasses.fields(models.VisionTransformer)}
