@@ -89,6 +89,40 @@ def _one_mlir_context_per_thread():
 
 _one_mlir_context_per_thread()
 
+# Freed memory kept for the next test (this process only: the processes the
+# tests start keep their own settings, train.py its vit_jax.train.host_memory).
+# glibc hands every freed block over 32 MiB back to the kernel, and on the
+# VMs this suite runs on a page touched for the first time costs more than
+# the copy into it (a 320 MB copy into new memory 0.4-0.6 GB/s, into memory
+# touched before 12 GB/s): the large models' weights, copied between timm,
+# ours and back, and the large programs' buffers were faulted in anew each
+# time. Here glibc serves large blocks from its heap and keeps up to
+# ``TRIM_BYTES`` of freed memory on top of it; :func:`pytest_runtest_teardown`
+# hands free pages back to the kernel when a worker's resident size passes
+# ``RESIDENT_LIMIT`` between tests. VIT_JAX_TEST_MALLOC=default keeps glibc's.
+TRIM_BYTES = 2 ** 31 - 1  # mallopt takes an int
+RESIDENT_LIMIT = 6 * 2 ** 30
+
+
+def _keep_freed_memory() -> bool:
+  import ctypes  # pylint: disable=import-outside-toplevel
+  import platform  # pylint: disable=import-outside-toplevel
+  import sys  # pylint: disable=import-outside-toplevel
+  if (os.environ.get("VIT_JAX_TEST_MALLOC") == "default" or
+      not sys.platform.startswith("linux") or
+      platform.libc_ver()[0] != "glibc"):
+    return False
+  try:
+    libc = ctypes.CDLL("libc.so.6")
+  except OSError:
+    return False
+  m_trim_threshold, m_mmap_max = -1, -4  # malloc.h
+  return bool(libc.mallopt(m_mmap_max, 0) and
+              libc.mallopt(m_trim_threshold, TRIM_BYTES))
+
+
+_KEEPS_FREED_MEMORY = _keep_freed_memory()
+
 # torch on one thread in the test processes and the processes they start
 # (unless OMP_NUM_THREADS is set): pytest-xdist runs one worker per core,
 # so the cores are busy already, and torch's idle OpenMP threads spin
@@ -188,3 +222,20 @@ def _xdist_groups(config, items):
                     for m in item.iter_markers("xdist_group")})
     if names and "@" not in item.nodeid and hasattr(item, "_id"):
       item._id = NodeId.parse(f"{item.nodeid}@{'_'.join(names)}")  # pylint: disable=protected-access
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_runtest_teardown(item, nextitem):  # pylint: disable=unused-argument
+  """Bounds what this process keeps of freed memory (``_keep_freed_memory``):
+  past ``RESIDENT_LIMIT`` resident after a test, glibc's free pages go back
+  to the kernel."""
+  if not _KEEPS_FREED_MEMORY:
+    return
+  try:
+    with open("/proc/self/statm", encoding="ascii") as f:
+      resident = int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+  except (OSError, ValueError, IndexError):
+    return
+  if resident > RESIDENT_LIMIT:
+    import ctypes  # pylint: disable=import-outside-toplevel
+    ctypes.CDLL("libc.so.6").malloc_trim(0)
