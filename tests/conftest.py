@@ -231,11 +231,6 @@ def pytest_runtest_teardown(item, nextitem):  # pylint: disable=unused-argument
   to the kernel."""
   if not _KEEPS_FREED_MEMORY:
     return
-  try:
-    with open("/proc/self/statm", encoding="ascii") as f:
-      resident = int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
-  except (OSError, ValueError, IndexError):
-    return
-  if resident > RESIDENT_LIMIT:
-    import ctypes  # pylint: disable=import-outside-toplevel
-    ctypes.CDLL("libc.so.6").malloc_trim(0)
+  from vit_jax.train import host_memory  # pylint: disable=import-outside-toplevel
+  if host_memory.resident_bytes() > RESIDENT_LIMIT:
+    host_memory.trim()
