@@ -226,6 +226,7 @@ def main(argv):
 if __name__ == "__main__":
   # A notice (or a first Ctrl-C) during start-up counts too.
   multihost.install_sigterm_handler(ctrl_c=True)
+  console.lean_start_up()
   console.quiet_native_logs()
   console.one_line_warnings()
   app.run(main, flags_parser=_parse_flags)

@@ -178,6 +178,7 @@ def same_graph(spec, cs, common):
 
 
 def main(argv=None):
+  console.lean_start_up()
   console.quiet_native_logs()
   p = argparse.ArgumentParser(
       description=__doc__.split("\n\n")[0],

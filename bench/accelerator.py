@@ -333,6 +333,7 @@ def _mfu(r) -> str:
 
 
 def main(argv=None):
+  console.lean_start_up()
   console.quiet_native_logs()
   p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
   p.add_argument("--model", help="default vit_b_16 (vit_ti_16 on CPU)")

@@ -214,6 +214,7 @@ def format_sweep(recs) -> str:
 
 
 def main(argv=None):
+  console.lean_start_up()
   console.quiet_native_logs()
   p = argparse.ArgumentParser(
       description=__doc__.split("\n\n")[0],

@@ -144,6 +144,7 @@ def report(res) -> str:
 
 
 def main(argv=None):
+  console.lean_start_up()
   console.quiet_native_logs()
   p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
   p.add_argument("--cores", type=int, nargs="+", default=[1, 2])

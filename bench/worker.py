@@ -493,6 +493,7 @@ def main():
   if spec.get("src"):  # ab.py's src=: vit_jax from that checkout, on the
     sys.path.insert(0, spec["src"])  # path before anything imports it
   from vit_jax.data import console  # pylint: disable=import-outside-toplevel
+  console.lean_start_up()
   console.quiet_native_logs()  # TensorFlow's load-time INFO lines off
   # Results to the parent on stdout; framework logs and warnings to stderr.
   real_stdout, sys.stdout = sys.stdout, sys.stderr

@@ -244,6 +244,7 @@ def _parser():
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
   from vit_jax.data import console  # pylint: disable=import-outside-toplevel
+  console.lean_start_up()
   console.quiet_native_logs()
   args = _parser().parse_args(argv)
 

@@ -134,6 +134,7 @@ def _parser():
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
+  console.lean_start_up()
   console.quiet_native_logs()
   args = _parser().parse_args(argv)
   images = image_files.expand_image_paths(args.images)

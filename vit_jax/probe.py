@@ -229,5 +229,6 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
 
 if __name__ == "__main__":
   from vit_jax.data import console  # pylint: disable=ungrouped-imports
+  console.lean_start_up()
   console.one_line_warnings()
   sys.exit(main())

@@ -163,3 +163,30 @@ def test_a_cli_prints_a_warning_as_one_line(tmp_path):
   said = [l for l in lines if "does not say how images must be prepared" in l]
   assert len(said) == 1 and said[0].startswith(f"warning: {ckpt}: "), lines
   assert not any(".py:" in l or "GuessWarning" in l for l in lines), lines
+
+
+def test_lean_start_up_sets_aside_only_what_start_up_keeps():
+  """Survivors of a full collection during start-up are set aside from
+  later ones; after start_up_done, cyclic garbage is collected again."""
+  code = (
+      "import gc, weakref\n"
+      "from vit_jax.data import console\n"
+      "class Node: pass\n"
+      "def cycle():\n"
+      "  a, b = Node(), Node(); a.b, b.a = b, a\n"
+      "  return a\n"
+      "gc.collect(); gc.unfreeze()\n"
+      "console.lean_start_up(); console.lean_start_up()\n"
+      "assert gc.callbacks.count(console._set_aside_survivors) == 1\n"
+      "kept = cycle(); gc.collect()\n"
+      "assert gc.get_freeze_count() > 0\n"
+      "console.start_up_done()\n"
+      "assert console._set_aside_survivors not in gc.callbacks\n"
+      "frozen = gc.get_freeze_count()\n"
+      "later = weakref.ref(cycle()); gc.collect()\n"
+      "assert later() is None, 'cyclic garbage after start-up is collected'\n"
+      "assert gc.get_freeze_count() == frozen\n"
+      "print('ok')\n")
+  p = subprocess.run([PYTHON, "-c", code], cwd=REPO, capture_output=True,
+                     text=True, timeout=120, env=train_helpers.env())
+  assert p.returncode == 0 and p.stdout.strip() == "ok", p.stderr[-2000:]

@@ -64,6 +64,7 @@ def _parser():
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
+  console.lean_start_up()
   os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
   args = _parser().parse_args(argv)
   from vit_jax import export as export_lib  # pylint: disable=import-outside-toplevel

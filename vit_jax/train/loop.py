@@ -34,7 +34,7 @@ from typing import Any, Dict, Optional, Sequence
 import jax
 
 from vit_jax.train import (checkpoint, host_memory, metrics, multihost, optim, sharding, init as train_init, step as train_step)
-from vit_jax.data import preprocessing, synthetic
+from vit_jax.data import console, preprocessing, synthetic
 from vit_jax.models import kernels
 
 
@@ -332,6 +332,7 @@ def train_and_evaluate(config, workdir: str, *,
 
   step, preempted, vote, stopped_by = start, False, None, None
   heap = host_memory.HeapGuard()
+  console.start_up_done()  # later objects collected as Python's defaults say
   with multihost.Preemption(data_sh) as preemption:
     while step < total:
       heap.step()

@@ -88,6 +88,7 @@ def main(argv: Optional[list] = None) -> int:
                       "says which was written ('try N', 0 the first)")
   args = p.parse_args(argv)
   from vit_jax import weights  # pylint: disable=import-outside-toplevel
+  console.lean_start_up()
   console.quiet_native_logs()
   try:
     tries = [{"model": args.model, "overrides": json.loads(args.overrides)},
