@@ -42,19 +42,22 @@ if os.environ.get("VIT_JAX_TEST_XLA_OPT") != "1" and not _accelerator_plugin():
   os.environ["XLA_FLAGS"] = " ".join(f for f in (
       os.environ.get("XLA_FLAGS", ""), *TEST_XLA_FLAGS) if f)
 
+def _run_folder(name: str) -> str:
+  """The run's temporary folder ``os.environ[name]``: made by the first
+  process to load this file (the controller, or a plain run) and removed
+  at its exit; the workers and children inherit its path."""
+  if name not in os.environ:
+    os.environ[name] = tempfile.mkdtemp(prefix=name.lower() + "_")
+    atexit.register(shutil.rmtree, os.environ[name], ignore_errors=True)
+  return os.environ[name]
+
+
 # One persistent XLA compilation cache per test run, in a temporary folder
 # (never the user's), shared by pytest-xdist's workers and every process the
 # tests start: the same small programs are compiled by many tests in each
-# process and by both workers. The first process to load this file (the
-# controller, or a plain run) makes it and removes it at exit; the workers
-# and children inherit its path. The cache keys on the program and XLA's
+# process and by both workers. The cache keys on the program and XLA's
 # flags, so the numbers are those of a fresh compile.
-if "VIT_JAX_TEST_XLA_CACHE" not in os.environ:
-  os.environ["VIT_JAX_TEST_XLA_CACHE"] = tempfile.mkdtemp(
-      prefix="vit_jax_test_xla_cache_")
-  atexit.register(shutil.rmtree, os.environ["VIT_JAX_TEST_XLA_CACHE"],
-                  ignore_errors=True)
-os.environ["JAX_COMPILATION_CACHE_DIR"] = os.environ["VIT_JAX_TEST_XLA_CACHE"]
+os.environ["JAX_COMPILATION_CACHE_DIR"] = _run_folder("VIT_JAX_TEST_XLA_CACHE")
 os.environ["JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS"] = "0"
 
 
@@ -67,15 +70,10 @@ os.environ["JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS"] = "0"
 # beside the sources) and is removed with it. VIT_JAX_TEST_PYCACHE=off
 # keeps the environment's choice.
 if os.environ.get("VIT_JAX_TEST_PYCACHE") != "off":
-  if "VIT_JAX_TEST_PYCACHE" not in os.environ:
-    os.environ["VIT_JAX_TEST_PYCACHE"] = tempfile.mkdtemp(
-        prefix="vit_jax_test_pycache_")
-    atexit.register(shutil.rmtree, os.environ["VIT_JAX_TEST_PYCACHE"],
-                    ignore_errors=True)
-  os.environ["PYTHONPYCACHEPREFIX"] = os.environ["VIT_JAX_TEST_PYCACHE"]
+  os.environ["PYTHONPYCACHEPREFIX"] = _run_folder("VIT_JAX_TEST_PYCACHE")
   os.environ.pop("PYTHONDONTWRITEBYTECODE", None)
   import sys  # pylint: disable=g-import-not-at-top
-  sys.pycache_prefix = os.environ["VIT_JAX_TEST_PYCACHE"]
+  sys.pycache_prefix = os.environ["PYTHONPYCACHEPREFIX"]
   sys.dont_write_bytecode = False
 
 
