@@ -172,8 +172,9 @@ def lean_start_up():
   their number has grown by a quarter. A program that imports jax,
   TensorFlow and tfds and prepares its data grows to half a million
   objects that live as long as it does, and examining them again and again
-  took a sixth of a short ``train.py`` run's CPU (the digits, 6 steps: 23.0
-  s instead of 27.6, median of three, on an AMD Zen 3). Objects set aside
+  took an eighth of a short ``train.py`` run's CPU (the digits, 6 steps:
+  24.4 s instead of 27.8, medians of three alternated runs, on an AMD Zen
+  3). Objects set aside
   are never collected as cyclic garbage; only those alive at a full
   collection during start-up are (the training loop calls
   :func:`start_up_done` before its first step; the other tools are short).
