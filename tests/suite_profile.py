@@ -13,7 +13,12 @@ Per test (setup + call + teardown), in seconds, one JSON line each:
 - ``torch_build``: building timm / torchvision / transformers models;
 - ``sleep``: ``time.sleep`` in this process (waits and polls);
 - ``fixture_setup``: the setup phase (shared fixtures land on the first
-  test that asks for them).
+  test that asks for them);
+- ``cpu``: CPU seconds of this process (every thread: user + system);
+- ``children_cpu``: CPU seconds of the processes it started and waited
+  for (and theirs), user + system;
+- ``worker`` and ``start`` (Unix time): which pytest-xdist worker ran it,
+  and when (the run's timeline: idle workers at its end).
 
 ``python tests/suite_profile.py /tmp/profile.jsonl`` prints the table per
 file and per kind (docs/development.md).
@@ -26,6 +31,7 @@ import functools
 import json
 import os
 import re
+import resource
 import subprocess
 import sys
 import threading
@@ -130,6 +136,11 @@ def _install():
     pass
 
 
+def _children_cpu() -> float:
+  r = resource.getrusage(resource.RUSAGE_CHILDREN)
+  return r.ru_utime + r.ru_stime
+
+
 class SuiteProfile:
   """The plugin: one line per test into ``path``."""
 
@@ -144,6 +155,9 @@ class SuiteProfile:
       _acc.clear()
     _ACTIVE["on"] = True
     self._t0 = time.perf_counter()
+    self._start = time.time()
+    self._cpu0 = time.process_time()
+    self._children0 = _children_cpu()
     self._item = item
     self._setup = 0.0
 
@@ -161,12 +175,17 @@ class SuiteProfile:
     row.update(nodeid=report.nodeid,
                wall=time.perf_counter() - self._t0,
                fixture_setup=self._setup,
+               cpu=time.process_time() - self._cpu0,
+               children_cpu=_children_cpu() - self._children0,
+               worker=os.environ.get("PYTEST_XDIST_WORKER", ""),
+               start=self._start,
                slow=bool(self._item.get_closest_marker("slow")))
     with open(self.path, "a") as f:
       f.write(json.dumps(row) + "\n")
 
 
-KINDS = ("compile", "subprocess", "torch_build", "sleep", "fixture_setup")
+KINDS = ("compile", "subprocess", "torch_build", "sleep", "fixture_setup",
+         "cpu", "children_cpu")
 
 
 def table(path):
@@ -181,7 +200,8 @@ def table(path):
     per[f]["slow"] += r["slow"]
   total = sum(per.values(), collections.Counter())
   out = ["| file | tests (slow) | wall s | compile | subprocess | torch/timm "
-         "builds | sleeps | fixture setup |", "|---|---|---|---|---|---|---|---|"]
+         "builds | sleeps | fixture setup | CPU | children's CPU |",
+         "|---|---|---|---|---|---|---|---|---|---|"]
   for f, c in sorted(per.items(), key=lambda kv: -kv[1]["wall"]) + [
       ("**all**", total)]:
     out.append(f"| {f} | {c['tests']} ({c['slow']}) | {c['wall']:.0f} | " +
