@@ -61,19 +61,21 @@ os.environ["JAX_COMPILATION_CACHE_DIR"] = _run_folder("VIT_JAX_TEST_XLA_CACHE")
 os.environ["JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS"] = "0"
 
 
-# Python's byte code compiled once per run for the test processes and every
+# Python's byte code written as Python does by default (``__pycache__``
+# beside the sources, which git ignores), for the test processes and every
 # process they start. Where the environment says not to write it
 # (PYTHONDONTWRITEBYTECODE, set on the machines this suite runs on), each of
-# the ~100 processes the tests start compiled vit_jax's modules from source
-# again (21 s of the suite's CPU, a py-spy census); here it goes into a
-# temporary folder of the run (PYTHONPYCACHEPREFIX: nothing is written
-# beside the sources) and is removed with it. VIT_JAX_TEST_PYCACHE=off
-# keeps the environment's choice.
+# the ~100 processes the tests start compiled vit_jax's 22,000 lines from
+# source again (0.2-0.3 s each, 21 s of the suite's CPU in a py-spy
+# census). A temporary PYTHONPYCACHEPREFIX would keep the sources' folders
+# clean but hides the installed packages' own byte code: the run's first
+# processes compiled torch, jax, TensorFlow, timm ... again (importing
+# them took 40 s of CPU instead of 14-16 on an AMD Zen 3, in each worker
+# starting at once). VIT_JAX_TEST_PYCACHE=off keeps the environment's
+# choice.
 if os.environ.get("VIT_JAX_TEST_PYCACHE") != "off":
-  os.environ["PYTHONPYCACHEPREFIX"] = _run_folder("VIT_JAX_TEST_PYCACHE")
   os.environ.pop("PYTHONDONTWRITEBYTECODE", None)
   import sys  # pylint: disable=g-import-not-at-top
-  sys.pycache_prefix = os.environ["PYTHONPYCACHEPREFIX"]
   sys.dont_write_bytecode = False
 
 
