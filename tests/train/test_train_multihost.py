@@ -38,7 +38,10 @@ _WORKER = r"""
 import json, os, sys, time
 sys.path.insert(0, os.path.join(os.getcwd(), "tests"))
 from vit_jax.train import multihost
+from vit_jax.data import console
 multihost.install_sigterm_handler()  # as train.py does, first thing
+console.lean_start_up()
+console.quiet_native_logs()
 pid, port, workdir, overrides = sys.argv[1], sys.argv[2], sys.argv[3], sys.argv[4]
 overrides = json.loads(overrides)
 argv = ["train.py", "--config=configs/digits.py", f"--workdir={workdir}",
