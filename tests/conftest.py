@@ -198,11 +198,13 @@ def digits_run(tmp_path_factory):
 def _xla_cpu_threads(config):
   """XLA's CPU threads per process: the cores over pytest-xdist's workers
   (``PJRT_NPROC``, the size of XLA's CPU client's thread pool; unless set),
-  as torch's above. The workers (one per core) and the processes they
-  start share the cores already; two threads each only added their
-  hand-offs: the same 54 registry checks took 58.0 / 60.6 s of CPU on one
-  thread against 66.5 / 67.3 on two (AMD Zen 3, 2 cores, alternated),
-  and less wall time too. A run without workers keeps XLA's default."""
+  as torch's above: the workers (one per core) and the processes they
+  start share the cores already. Alone on a 2-core AMD Zen 3, the same 54
+  registry checks took 58.0 / 60.6 s of CPU on one thread against 66.5 /
+  67.3 on two (alternated), and less wall time; in the whole suite the
+  tests' own CPU stayed the same (1,938 -> 1,959 s, docs/development.md):
+  there the cores were never idle for a second thread to spin on. A run
+  without workers keeps XLA's default."""
   workers = len(getattr(config.option, "tx", None) or ())
   if (workers < 2 or "PJRT_NPROC" in os.environ or
       hasattr(config, "workerinput")):
