@@ -32,6 +32,27 @@ def torchvision_vit(name: str, *, seed: int = 0, num_classes: int = 1000,
   return m.eval()
 
 
+_POOL = []  # one pool of random values per process
+
+
+def random_torchvision(name: str, num_classes: int) -> torch.nn.Module:
+  """torchvision's own builder of ``name`` (``torchvision.models.vit_h_14``
+  ...: its depth, widths and heads, not ours) on the meta device, given
+  random values where every parameter matters: the registry check's
+  (:class:`vit_jax.weights.verify.RandomWeights`: LayerNorm scales
+  1 + N(0, 0.2), biases, class token and positions N(0, 0.1), Linear and
+  conv weights N(0, 1/fan_in)). Nothing of torchvision's initialisation
+  runs: ViT-H/14's 632M parameters in a second instead of eight."""
+  from vit_jax.weights import verify  # pylint: disable=import-outside-toplevel
+  if not _POOL:
+    _POOL.append(verify.RandomWeights(size=1 << 24))
+  with verify.meta_device():
+    m = torchvision.models.get_model(name, weights=None,
+                                     num_classes=num_classes)
+  verify.materialize(m, _POOL[0])
+  return m.eval()
+
+
 def images(batch: int, size: int, seed: int = 0) -> np.ndarray:
   """Normalised-looking random images, NCHW float32."""
   rng = np.random.default_rng(seed)

@@ -1,7 +1,9 @@
 """Numeric parity with torchvision: same weights + same inputs -> same numbers.
 
 Float32 on CPU, random torchvision weights (``torch.manual_seed``) with a
-random head. Tolerance: max |ours - torch| <= 1e-4 x max |torch|.
+random head; the named variants from torchvision's own builders, every
+parameter random (LayerNorm scales and biases too). Tolerance:
+max |ours - torch| <= 1e-4 x max |torch|.
 """
 
 import jax
@@ -13,7 +15,8 @@ import torch.nn.functional as F
 from torchvision.models.vision_transformer import interpolate_embeddings
 
 from vit_jax import convert
-from tv_utils import assert_close_rel, images, nhwc, torchvision_vit
+from tv_utils import (assert_close_rel, images, nhwc, random_torchvision,
+                      torchvision_vit)
 
 REL = 1e-4
 
@@ -35,7 +38,7 @@ def _logits_pair(tv, name, x, **overrides):
     pytest.param("vit_h_14", 21, True, marks=pytest.mark.slow),
 ])
 def test_logits_match_torchvision(name, num_classes, scan, record_property):
-  tv = torchvision_vit(name, num_classes=num_classes)
+  tv = random_torchvision(name, num_classes)
   # ViT-H/14 (632M parameters, every one in each image's logits) on one
   # image: the batch's rows are the other variants' check (the same code).
   x = images(1 if name == "vit_h_14" else 2, 224)
