@@ -30,7 +30,8 @@ import numpy as np
 import pytest
 
 import vit_jax
-from compare import apply, apply_with_features, images, perturb_torch, torch_in
+from compare import (apply, apply_with_features, images, perturb_torch,
+                     torch_in, tree_equal)
 from reference import models_vit
 from vit_jax import formats, models, weights
 from vit_jax.data import preprocessing as pp
@@ -292,29 +293,42 @@ def test_the_hybrids_are_listed():
   assert "vit_tiny_r_s16_p8_224.augreg_in21k_ft_in1k" in tags
 
 
-@pytest.mark.parametrize("name", NAMES)
-def test_timm_hybrid_both_ways(name, record_property):
-  m, x, want, want_features = timm_reference(_module_of(name))
-  with meta_device():  # the name's own module is the shared one
-    own = timm.create_model(name, pretrained=False, **_KW)
-  assert {k: tuple(v.shape) for k, v in own.state_dict().items()} == {
-      k: tuple(v.shape) for k, v in m.state_dict().items()}
+@pytest.mark.parametrize("module", sorted(set(_MODULE.values())))
+def test_timm_hybrid_both_ways(module, record_property):
+  """Every name of ``module`` (at the test's width, depth and size), both
+  ways. The names of one module load the same state dict; where two give
+  the same model and the same variables, their numbers are one
+  computation, compiled once (a ResNet stem's trace and compile are most of
+  this test)."""
+  m, x, want, want_features = timm_reference(module)
   sd = m.state_dict()
-  model, variables = formats.from_timm(sd, name, num_heads=HEADS)
-  assert {k: getattr(model.resnet, k) for k in resnet.TIMM} == resnet.TIMM
-  logits, features = apply_with_features(model, variables, x)
-  rel, rel_f = _rel(logits, want), _rel(features, want_features)
-  other = _rel(apply(_with(model, resnet.GOOGLE), variables, x), want)
-  record_property("rel_err", max(rel, rel_f))
-  print(f"\nTIMM {name}: logits {rel:.2e}, forward_features {rel_f:.2e} "
-        f"(Google's constants: {other:.1e})")
-  assert rel < TOL and rel_f < TOL and other > 10 * TOL
-  back = formats.to_timm(variables)
-  assert list(back) == list(sd)  # timm's own order
-  for k, v in sd.items():
-    assert torch.equal(back[k], v), k
-  own = own.to_empty(device="cpu")
-  own.load_state_dict(back, strict=True)
+  computed = {}  # repr(model) -> (variables, (rel, rel_f, other))
+  for name in [n for n in NAMES if _module_of(n) == module]:
+    with meta_device():  # the name's own module is the shared one
+      own = timm.create_model(name, pretrained=False, **_KW)
+    assert {k: tuple(v.shape) for k, v in own.state_dict().items()} == {
+        k: tuple(v.shape) for k, v in m.state_dict().items()}, name
+    model, variables = formats.from_timm(sd, name, num_heads=HEADS)
+    assert {k: getattr(model.resnet, k) for k in resnet.TIMM} == resnet.TIMM
+    key = repr(model)
+    if key in computed:
+      tree_equal(variables, computed[key][0])
+    else:
+      logits, features = apply_with_features(model, variables, x)
+      other = _rel(apply(_with(model, resnet.GOOGLE), variables, x), want)
+      computed[key] = (variables, (_rel(logits, want),
+                                   _rel(features, want_features), other))
+    rel, rel_f, other = computed[key][1]
+    record_property(f"rel_err {name}", max(rel, rel_f))
+    print(f"\nTIMM {name}: logits {rel:.2e}, forward_features {rel_f:.2e} "
+          f"(Google's constants: {other:.1e})")
+    assert rel < TOL and rel_f < TOL and other > 10 * TOL, name
+    back = formats.to_timm(variables)
+    assert list(back) == list(sd)  # timm's own order
+    for k, v in sd.items():
+      assert torch.equal(back[k], v), (name, k)
+    own = own.to_empty(device="cpu")
+    own.load_state_dict(back, strict=True)
 
 
 @pytest.mark.parametrize("name", ["vit_tiny_r_s16_p8_384",
