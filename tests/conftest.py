@@ -272,26 +272,7 @@ def pytest_collection_modifyitems(config, items):
   for item in items:
     if item.nodeid in slow:
       item.add_marker(pytest.mark.slow)
-  _large_models_first(config, items)
   _xdist_groups(config, items)
-
-
-def _large_models_first(config, items):
-  """The ``large_model`` tests (real widths: ViT-7B, SAM-B at 1024 px,
-  torchvision's ViT-H/14 ...) as one ``xdist_group``, first in the queue:
-  one worker runs them one after another while the other runs the rest.
-  Two of them at once on the two cores each ran at half speed (their
-  memory traffic, not their arithmetic: SAM-B's check took 26.7 s of CPU
-  beside ViT-7B's 23.6 s in the suite, 11.1 and 8.9 s alone, 14.9 s beside
-  other giants, 12.5 s beside small models; AMD Zen 3). First, so that
-  their ~5 minutes never end the run on one worker alone."""
-  if not getattr(config.option, "loadgroup", False):
-    return
-  large = [i for i in items if i.get_closest_marker("large_model")]
-  for item in large:
-    item.add_marker(pytest.mark.xdist_group("large_models"))
-  rest = [i for i in items if not i.get_closest_marker("large_model")]
-  items[:] = large + rest
 
 
 def _xdist_groups(config, items):

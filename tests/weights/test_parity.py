@@ -33,10 +33,9 @@ def _logits_pair(tv, name, x, **overrides):
 @pytest.mark.parametrize("name,num_classes,scan", [
     ("vit_b_16", 17, False),
     ("vit_b_32", 5, False),
-    pytest.param("vit_l_16", 1000, True, marks=pytest.mark.large_model),
-    pytest.param("vit_l_32", 3, False, marks=pytest.mark.large_model),
-    pytest.param("vit_h_14", 21, True,
-                 marks=(pytest.mark.slow, pytest.mark.large_model)),
+    ("vit_l_16", 1000, True),
+    ("vit_l_32", 3, False),
+    pytest.param("vit_h_14", 21, True, marks=pytest.mark.slow),
 ])
 def test_logits_match_torchvision(name, num_classes, scan, record_property):
   tv = random_torchvision(name, num_classes)

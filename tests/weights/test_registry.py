@@ -70,31 +70,12 @@ def test_every_listed_name_is_planned():
           "vit_giant_patch16_lingbot"} <= native - set(resized)
 
 
-def _large(check) -> bool:
-  """A check whose model moves hundreds of MB (``large_model``: one
-  pytest-xdist worker runs these one after another): its two blocks'
-  float32 weights 150 MB or more, a million or more token features at the
-  size it runs, or a ResNet stem of R50+ViT-B or larger at timm's size."""
-  rec = _timm_archs.ARCHS[check.name]
-  width = rec.get("hidden_size", 768)
-  mlp = rec.get("mlp_dim") or 4 * width
-  block_mb = 2 * (4 * width * width + 2 * width * mlp) * 4 / 1e6
-  size = rec.get("image_size") or (224, 224)
-  patch = rec.get("patch_size", 16)
-  grid = [check.grid or s // patch for s in size]
-  tokens = 16 if check.small else grid[0] * grid[1]
-  return (block_mb >= 150 or tokens * width >= 1024 * 1024 or
-          bool(rec.get("resnet")) and not check.small and width >= 768)
-
-
 # Slow as a whole (every listed name at its real width, one per record at
 # timm's input size: the heaviest test of the suite), cheap per name.
 # Each name its own check (pytest-xdist spreads them over its workers);
 # a process's checks share their random weights.
 @pytest.mark.slow
-@pytest.mark.parametrize("name", [
-    pytest.param(c.name, marks=pytest.mark.large_model) if _large(c)
-    else c.name for c in PLAN])
+@pytest.mark.parametrize("name", [c.name for c in PLAN])
 def test_listed_name_equals_timm(name, random_weights, record_property):
   check = _PLANNED[name]
   result = verify.verify_timm(name, small=check.small, grid=check.grid,
