@@ -442,6 +442,43 @@ def dropped(layout: Layout, keys) -> Dict[str, List[str]]:
   return out
 
 
+class _RowsByForm:
+  """A layout's rows by the form of the keys they can match (digits as
+  ``#``, :func:`_template`): a key is tried only against the rows of its
+  form and those whose form is not known, in the table's order (the first
+  row that matches a key maps it)."""
+
+  def __init__(self, layout: Layout):
+    self.by_form: Dict[str, List[int]] = {}
+    self.loose: List[int] = []
+    self.rows = [(_pattern(r.theirs), r) for r in layout.flat_rows()]
+    for i, (_, row) in enumerate(self.rows):
+      form = _template(row.theirs)
+      (self.loose if form is None
+       else self.by_form.setdefault(form, [])).append(i)
+    self._cache: Dict[str, list] = {}
+
+  def of(self, key: str) -> list:
+    form = _DIGITS.sub("#", key)
+    got = self._cache.get(form)
+    if got is None:
+      got = self._cache[form] = [self.rows[i] for i in sorted(
+          (*self.by_form.get(form, ()), *self.loose))]
+    return got
+
+
+def _rows_by_form(layout: Layout) -> _RowsByForm:
+  try:
+    return _cached_rows_by_form(layout)
+  except TypeError:  # a layout with an unhashable field
+    return _RowsByForm(layout)
+
+
+@functools.lru_cache(maxsize=64)
+def _cached_rows_by_form(layout: Layout) -> _RowsByForm:
+  return _RowsByForm(layout)
+
+
 def to_ours(layout: Layout, state_dict: Mapping[str, np.ndarray],
             num_heads) -> Tuple[Dict[str, np.ndarray], List[str]]:
   """Their (canonical-key) state dict -> (our flat tree, keys no row maps).
@@ -451,12 +488,12 @@ def to_ours(layout: Layout, state_dict: Mapping[str, np.ndarray],
   (e.g. a fused q/k/v weight whose first axis is not divisible by 3) is left
   out; the checker then names it as mis-shaped, as it names a missing part
   of a tensor of ours."""
-  matchers = [(_pattern(r.theirs), r) for r in layout.flat_rows()]
+  rows = _rows_by_form(layout)
   flat: Dict[str, np.ndarray] = {}
   parts: Dict[str, Dict[int, np.ndarray]] = {}
   unmatched = []
   for key, value in state_dict.items():
-    for rx, row in matchers:
+    for rx, row in rows.of(key):
       m = rx.match(key)
       if m is not None:
         break
