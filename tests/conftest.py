@@ -110,6 +110,43 @@ def _one_mlir_context_per_thread():
 
 _one_mlir_context_per_thread()
 
+
+def _one_onnx_registry_per_opset():
+  """``torch.onnx.export`` builds its table of ONNX functions anew on every
+  call, parsing the source of each of torchlib's ~500 functions: 1.8 s of
+  an ONNX export's 7.3 s of CPU (a ViT-Ti, AMD Zen 3), and the suite
+  exports to ONNX a few dozen times. Here each opset's table is built once
+  per process and every export gets a copy of it (a custom translation
+  table adds to the copy); the graph, and so the ONNX file, are the same.
+  Tests only, as the MLIR contexts above. VIT_JAX_TEST_ONNX_REGISTRY=new
+  keeps torch's own."""
+  if os.environ.get("VIT_JAX_TEST_ONNX_REGISTRY") == "new":
+    return
+  try:
+    from torch.onnx._internal.exporter import _registration  # pylint: disable=import-outside-toplevel
+  except ImportError:
+    return
+  registry = getattr(_registration, "ONNXRegistry", None)
+  build = getattr(registry, "from_torchlib", None)
+  if build is None or getattr(build, "reused", False):
+    return
+  built = {}
+
+  def from_torchlib(cls, *args, **kwargs):
+    key = (cls, args, tuple(sorted(kwargs.items())))
+    if key not in built:
+      built[key] = build.__func__(cls, *args, **kwargs)
+    one = built[key]
+    copy = cls()
+    copy.__dict__.update(one.__dict__)
+    copy.functions = {k: list(v) for k, v in one.functions.items()}
+    return copy
+  from_torchlib.reused = True
+  registry.from_torchlib = classmethod(from_torchlib)
+
+
+_one_onnx_registry_per_opset()
+
 # Freed memory kept for the next test (this process only: the processes the
 # tests start keep their own settings, train.py its vit_jax.train.host_memory).
 # glibc hands every freed block over 32 MiB back to the kernel, and on the
