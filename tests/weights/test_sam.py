@@ -20,6 +20,7 @@ released names (1024 px, 12-32 blocks) are checked by
 """
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 import pytest
 
@@ -96,6 +97,41 @@ def test_from_timm_equals_timm(sam, loaded):
   whole = jax.jit(lambda v, x: model.apply(v, x))(variables, x)
   np.testing.assert_allclose(whole, got_logits, rtol=0,
                              atol=TOL * head.scale)
+
+
+def test_queries_in_chunks_equal_timm_and_all_at_once(sam, loaded,
+                                                      monkeypatch):
+  """Long sequences (SAM's global blocks at 1024 px: 4096 tokens) take the
+  queries in chunks, without the (B, H, N, N) bias and weights. Chunks of
+  16 here (the global block's 64 tokens in 4, each padded window's 144 in
+  9) give timm's neck map and logits, and the gradients of the whole
+  sequence at once."""
+  from vit_jax.models import sam as sam_lib  # pylint: disable=import-outside-toplevel
+  _, _, x, feats, logits = sam
+  model, variables = loaded
+  monkeypatch.setattr(sam_lib, "QUERY_CHUNK", 16)
+  assert sam_lib.query_chunks(64) == 4 and sam_lib.query_chunks(144) == 9
+  got_feats, got_logits = _run(model, variables, x)
+  assert_close_rel(got_feats, feats.transpose(0, 2, 3, 1), TOL, "neck map")
+  assert_close_rel(got_logits, logits, TOL)
+
+  def grads():  # train=True, no dropout: the chunked path takes gradients
+    loss = lambda p: jnp.sum(model.apply(  # noqa: E731
+        {**variables, "params": p}, x, train=True) ** 2)
+    return jax.jit(jax.grad(loss))(variables["params"])
+
+  chunked = grads()
+  monkeypatch.setattr(sam_lib, "QUERY_CHUNK", 10 ** 9)
+  assert sam_lib.query_chunks(64) == 1
+  whole = grads()
+  top = max(float(np.abs(b).max()) for b in jax.tree_util.tree_leaves(whole))
+  for (path, a), b in zip(jax.tree_util.tree_leaves_with_path(chunked),
+                          jax.tree_util.tree_leaves(whole)):
+    a, b, key = np.asarray(a), np.asarray(b), jax.tree_util.keystr(path)
+    if "['key']['bias']" in key:  # zero but for rounding: the softmax
+      assert np.abs(a).max() < 1e-6 * top, key  # cancels q . b_k
+    else:
+      assert_close_rel(a, b, TOL, key)
 
 
 @pytest.mark.parametrize("norm", [False, True])

@@ -447,16 +447,16 @@ class MultiHeadDotProductAttention(nn.Module):
     if rope is not None:
       sin, cos, kind = rope
       q, k = rope_lib.apply(q, sin, cos, kind), rope_lib.apply(k, sin, cos, kind)
-    decomposed_bias = None
+    tables = None
     if decomposed is not None:  # SAM's decomposed relative positions
       grid, table = decomposed
-      rel_h, rel_w = sam_lib.rel_pos_tables(self, table, hd, cfg.param_dtype)
-      decomposed_bias = sam_lib.decomposed_bias(q, rel_h, rel_w, grid)
+      tables = (*sam_lib.rel_pos_tables(self, table, hd, cfg.param_dtype),
+                grid)
 
     if cfg.rel_pos_bias == "block" and inputs_kv is inputs_q:
       own = relpos.bias_module(cfg, self.deterministic)(self.grids, n)
       rel_pos = own if rel_pos is None else rel_pos + own
-    if decomposed_bias is not None:  # 'weights', whatever else is given
+    if tables is not None:  # 'weights', whatever else is given
       impl = sam_lib.attention_impl(impl, cfg.attention_impl)
     elif rel_pos is not None:
       impl = relpos.attention_impl(impl, cfg.attention_impl)
@@ -475,10 +475,17 @@ class MultiHeadDotProductAttention(nn.Module):
       bias = None if mask is None else naflex.attention_bias(mask)
       if rel_pos is not None:  # (1, H, T, T), plus a key mask's bias
         bias = rel_pos[None] if bias is None else bias + rel_pos[None]
-      if decomposed_bias is not None:  # (B, H, N, N)
+      chunked = (tables is not None and bias is None and not use_dropout
+                 and not cfg.sow_attention_weights
+                 and sam_lib.query_chunks(n) > 1)
+      if tables is not None and not chunked:  # (B, H, N, N)
+        decomposed_bias = sam_lib.decomposed_bias(q, *tables)
         bias = (decomposed_bias if bias is None
                 else bias + decomposed_bias)
-      if impl == "weights":
+      if chunked:  # the weights need not exist all at once
+        oh = sam_lib.decomposed_attention(q, kh, vh, *tables, scale,
+                                          cfg.dtype)
+      elif impl == "weights":
         weights = kernels.attention_weights(qh, kh, scale, bias).astype(
             cfg.dtype)
         if cfg.sow_attention_weights:

@@ -45,7 +45,7 @@ import jax.numpy as jnp
 from jax import lax
 import numpy as np
 
-from vit_jax.models import interpolate
+from vit_jax.models import interpolate, kernels
 
 Dtype = Any
 
@@ -164,11 +164,9 @@ def relative_table(table, size: int):
   return t[idx]
 
 
-def decomposed_bias(q, rel_h, rel_w, grid: Tuple[int, int]):
-  """The decomposed relative-position logits bias (timm's
-  ``get_decomposed_rel_pos_bias``): queries (B, N, H, hd) over ``grid``
-  (N = h*w) -> float32 (B, H, N, N), ``bias[qy, qx, ky, kx] = q . Rh[qy,
-  ky] + q . Rw[qx, kx]``."""
+def _bias_parts(q, rel_h, rel_w, grid: Tuple[int, int]):
+  """The two terms of the decomposed bias: float32 (B, H, N, h) and (B, H,
+  N, w), ``q . Rh[qy, ky]`` and ``q . Rw[qx, kx]``."""
   b, n, heads, hd = q.shape
   h, w = grid
   rh = relative_table(rel_h, h)  # (h, h, hd)
@@ -179,8 +177,62 @@ def decomposed_bias(q, rel_h, rel_w, grid: Tuple[int, int]):
                       preferred_element_type=f32)
   bias_w = jnp.einsum("byxnc,xkc->bnyxk", r_q, rw.astype(q.dtype),
                       preferred_element_type=f32)
-  bias = bias_h[..., :, None] + bias_w[..., None, :]  # (b, H, h, w, h, w)
-  return bias.reshape(b, heads, n, n)
+  return bias_h.reshape(b, heads, n, h), bias_w.reshape(b, heads, n, w)
+
+
+def _bias(bias_h, bias_w):
+  """(B, H, Q, h) and (B, H, Q, w) -> the (B, H, Q, h*w) bias."""
+  b, heads, rows, h = bias_h.shape
+  w = bias_w.shape[-1]
+  return (bias_h[..., :, None] + bias_w[..., None, :]).reshape(
+      b, heads, rows, h * w)
+
+
+def decomposed_bias(q, rel_h, rel_w, grid: Tuple[int, int]):
+  """The decomposed relative-position logits bias (timm's
+  ``get_decomposed_rel_pos_bias``): queries (B, N, H, hd) over ``grid``
+  (N = h*w) -> float32 (B, H, N, N), ``bias[qy, qx, ky, kx] = q . Rh[qy,
+  ky] + q . Rw[qx, kx]``."""
+  return _bias(*_bias_parts(q, rel_h, rel_w, grid))
+
+
+# A global block at SAM's 1024 px has 4096 tokens: its (B, H, N, N)
+# float32 bias, logits and weights are 805 MB each for SAM-B (12 heads).
+# Without a gradient or the weights themselves to keep, the queries are
+# taken QUERY_CHUNK rows at a time (each row's softmax is its own), so
+# only (B, H, QUERY_CHUNK, N) blocks exist at once.
+QUERY_CHUNK = 512
+
+
+def query_chunks(n: int) -> int:
+  """How many chunks of queries :func:`decomposed_attention` takes for
+  ``n`` tokens (1: all at once)."""
+  return n // QUERY_CHUNK if n > QUERY_CHUNK and n % QUERY_CHUNK == 0 else 1
+
+
+def decomposed_attention(q, k, v, rel_h, rel_w, grid: Tuple[int, int],
+                         scale: float, dtype):
+  """softmax(q k^T * scale + decomposed bias) v for head-major (B, H, N,
+  hd) ``k``, ``v`` and token-major (B, N, H, hd) ``q``, without the (B, H,
+  N, N) matrices: the queries in :func:`query_chunks` blocks, each
+  block's bias made from the two small terms. The weights are cast to
+  ``dtype`` before the product with ``v``, as the unchunked path does.
+  Returns (B, H, N, hd)."""
+  b, n, heads, hd = q.shape
+  parts = _bias_parts(q, rel_h, rel_w, grid)
+  qh = kernels.head_major(q)
+  chunks = query_chunks(n)
+
+  def rows(block):
+    qc, bias_h, bias_w = block
+    weights = kernels.attention_weights(qc, k, scale, _bias(bias_h, bias_w))
+    return jnp.einsum("bhqk,bhkd->bhqd", weights.astype(dtype), v)
+
+  # (B, H, N, x) -> (chunks, B, H, N / chunks, x), and back.
+  split = lambda t: jnp.moveaxis(  # noqa: E731
+      t.reshape(b, heads, chunks, n // chunks, t.shape[-1]), 2, 0)
+  out = lax.map(rows, (split(qh), *(split(t) for t in parts)))
+  return jnp.moveaxis(out, 0, 2).reshape(b, heads, n, hd)
 
 
 def attention_impl(chosen: str, requested: Optional[str]) -> str:
