@@ -483,7 +483,7 @@ class MultiHeadDotProductAttention(nn.Module):
         bias = (decomposed_bias if bias is None
                 else bias + decomposed_bias)
       if chunked:  # the weights need not exist all at once
-        oh = sam_lib.decomposed_attention(q, kh, vh, *tables, scale,
+        oh = sam_lib.decomposed_attention(q, qh, kh, vh, *tables, scale,
                                           cfg.dtype)
       elif impl == "weights":
         weights = kernels.attention_weights(qh, kh, scale, bias).astype(

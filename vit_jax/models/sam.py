@@ -198,9 +198,10 @@ def decomposed_bias(q, rel_h, rel_w, grid: Tuple[int, int]):
 
 # A global block at SAM's 1024 px has 4096 tokens: its (B, H, N, N)
 # float32 bias, logits and weights are 805 MB each for SAM-B (12 heads).
-# Without a gradient or the weights themselves to keep, the queries are
-# taken QUERY_CHUNK rows at a time (each row's softmax is its own), so
-# only (B, H, QUERY_CHUNK, N) blocks exist at once.
+# Where the weights themselves are not needed (no dropout on them, none
+# sown), the queries are taken QUERY_CHUNK rows at a time (each row's
+# softmax is its own), so only (B, H, QUERY_CHUNK, N) blocks exist at once
+# (under a gradient too: the loop keeps each chunk's own).
 QUERY_CHUNK = 512
 
 
@@ -210,17 +211,17 @@ def query_chunks(n: int) -> int:
   return n // QUERY_CHUNK if n > QUERY_CHUNK and n % QUERY_CHUNK == 0 else 1
 
 
-def decomposed_attention(q, k, v, rel_h, rel_w, grid: Tuple[int, int],
+def decomposed_attention(q, qh, k, v, rel_h, rel_w, grid: Tuple[int, int],
                          scale: float, dtype):
   """softmax(q k^T * scale + decomposed bias) v for head-major (B, H, N,
-  hd) ``k``, ``v`` and token-major (B, N, H, hd) ``q``, without the (B, H,
+  hd) ``qh``, ``k``, ``v`` (``q``: the queries token-major, (B, N, H, hd),
+  for the bias), without the (B, H,
   N, N) matrices: the queries in :func:`query_chunks` blocks, each
   block's bias made from the two small terms. The weights are cast to
   ``dtype`` before the product with ``v``, as the unchunked path does.
   Returns (B, H, N, hd)."""
   b, n, heads, hd = q.shape
   parts = _bias_parts(q, rel_h, rel_w, grid)
-  qh = kernels.head_major(q)
   chunks = query_chunks(n)
 
   def rows(block):
